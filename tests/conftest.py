@@ -1,0 +1,56 @@
+"""Render the template into temporary folders and look at what came out."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cookiecutter.main import cookiecutter
+
+TEMPLATE = Path(__file__).resolve().parents[1]
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device; torch.cuda.is_available() is False")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def render(output_dir: Path, **answers: str) -> Path:
+    """Render with `answers` over the defaults, no prompts; return the project dir."""
+    return Path(
+        cookiecutter(
+            str(TEMPLATE),
+            no_input=True,
+            extra_context=answers,
+            output_dir=str(output_dir),
+        )
+    )
+
+
+def run(cmd: list[str], cwd: Path, timeout: float = 600, **env: str) -> subprocess.CompletedProcess:
+    """Run `cmd`, failing with its output if it exits non-zero."""
+    result = subprocess.run(
+        cmd,
+        cwd=cwd,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if result.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(cmd)} exited {result.returncode} in {cwd}\n"
+            f"--- stdout ---\n{result.stdout[-6000:]}\n--- stderr ---\n{result.stderr[-6000:]}"
+        )
+    return result
+
+
+def python(*args: str, cwd: Path, timeout: float = 600, **env: str) -> subprocess.CompletedProcess:
+    return run([sys.executable, *args], cwd=cwd, timeout=timeout, **env)

@@ -1,0 +1,88 @@
+"""Bad answers stop rendering with one clear message and leave nothing behind."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import TEMPLATE, render
+from cookiecutter.exceptions import FailedHookException
+
+BAD_ANSWERS = [
+    ({"package_name": "2fast"}, "package_name '2fast': is not a valid import name"),
+    ({"package_name": "my-project"}, "package_name 'my-project': is not a valid import name"),
+    ({"package_name": "class"}, "package_name 'class': is not a valid import name"),
+    ({"package_name": "torch"}, "package_name 'torch': would shadow the module"),
+    ({"package_name": "lightning"}, "package_name 'lightning': would shadow the module"),
+    ({"package_name": "json"}, "package_name 'json': would shadow the module"),
+    ({"project_slug": "My Project"}, "project_slug 'My Project': is not a valid distribution"),
+    ({"project_slug": "-lab"}, "project_slug '-lab': is not a valid distribution"),
+    ({"project_slug": "lab--x"}, "project_slug 'lab--x': is not a valid distribution"),
+    ({"author_email": "nobody"}, "author_email 'nobody': is not an e-mail address"),
+    ({"author_email": "a@b"}, "author_email 'a@b': is not an e-mail address"),
+    ({"python_version": "3.8"}, "python_version '3.8': is not supported; choose one of 3.10"),
+    ({"python_version": "4"}, "python_version '4': is not supported"),
+    ({"project_name": "   "}, "project_name '   ': must contain at least one letter or digit"),
+    ({"project_name": "?!"}, "project_name '?!': must contain at least one letter or digit"),
+]
+
+
+def case_id(case) -> str:
+    answers = case[0] if isinstance(case, tuple) else case
+    return ",".join(f"{k}={v!r}" for k, v in answers.items())
+
+
+@pytest.mark.parametrize(("answers", "message"), BAD_ANSWERS, ids=map(case_id, BAD_ANSWERS))
+def test_bad_answer_is_named_and_nothing_is_written(tmp_path, capfd, answers, message):
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(FailedHookException):
+        render(out, **answers)
+    err = capfd.readouterr().err
+    assert message in err
+    assert "Nothing was written" in err
+    assert list(out.iterdir()) == []
+
+
+def test_every_broken_rule_is_reported_at_once(tmp_path, capfd):
+    with pytest.raises(FailedHookException):
+        render(tmp_path, package_name="torch", author_email="nope", python_version="2.7")
+    err = capfd.readouterr().err
+    assert "package_name 'torch'" in err
+    assert "author_email 'nope'" in err
+    assert "python_version '2.7'" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unknown_example_is_refused_by_cookiecutter(tmp_path):
+    with pytest.raises(ValueError, match="example, but the choices are"):
+        render(tmp_path, example="imagenet")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_command_line_user_sees_the_message_and_a_failing_exit_code(tmp_path):
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cookiecutter",
+            str(TEMPLATE),
+            "--no-input",
+            "--output-dir",
+            str(tmp_path),
+            "package_name=torch",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode != 0
+    assert "package_name 'torch': would shadow the module" in result.stderr
+    assert list(Path(tmp_path).iterdir()) == []
+
+
+def test_post_gen_prints_the_next_steps(tmp_path, capfd):
+    project = render(tmp_path, project_name="Digit Lab")
+    err = capfd.readouterr().err
+    assert "cd digit-lab" in err and "digit-lab fit" in err
+    assert project.name == "digit-lab"

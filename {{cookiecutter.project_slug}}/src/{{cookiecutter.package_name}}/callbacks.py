@@ -1,0 +1,120 @@
+"""Callbacks that tell you what the run is really doing.
+
+`EnvironmentReport` prints, once on rank 0 when fit starts, everything that
+decides where and how fast the run goes: versions and build of torch, the GPUs
+and their free memory, accelerator, strategy, world size, precision, batch
+sizes and loader settings. A wrong line here (a CPU build of torch, one device
+where you asked for eight) is cheaper to spot than a slow week.
+"""
+
+from typing import Any
+
+import lightning
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_info
+
+GIB = 1024**3
+
+
+def torch_build() -> str:
+    """'CUDA 12.4', 'ROCm 6.1' or 'CPU-only': what this torch was compiled for."""
+    if torch.version.cuda:
+        return f"CUDA {torch.version.cuda}"
+    if getattr(torch.version, "hip", None):
+        return f"ROCm {torch.version.hip}"
+    return "CPU-only"
+
+
+def gpu_facts() -> list[dict[str, Any]]:
+    """Name and free/total memory of every visible CUDA device."""
+    gpus = []
+    if not torch.cuda.is_available():
+        return gpus
+    for index in range(torch.cuda.device_count()):
+        free, total = torch.cuda.mem_get_info(index)
+        gpus.append(
+            {
+                "index": index,
+                "name": torch.cuda.get_device_name(index),
+                "free_gib": round(free / GIB, 1),
+                "total_gib": round(total / GIB, 1),
+            }
+        )
+    return gpus
+
+
+def collect_environment(trainer: Trainer) -> dict[str, Any]:
+    """The facts of the report, as plain values (tests and scripts read these)."""
+    datamodule = getattr(trainer, "datamodule", None)
+    batch_size = getattr(datamodule, "batch_size", None)
+    loader = getattr(datamodule, "loader_settings", None)
+    accumulation = trainer.accumulate_grad_batches
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    return {
+        "torch": torch.__version__,
+        "torch_build": torch_build(),
+        "lightning": lightning.__version__,
+        "cuda_available": torch.cuda.is_available(),
+        "cudnn": cudnn,
+        "gpus": gpu_facts(),
+        "accelerator": type(trainer.accelerator).__name__,
+        "strategy": type(trainer.strategy).__name__,
+        "devices": trainer.num_devices,
+        "num_nodes": trainer.num_nodes,
+        "world_size": trainer.world_size,
+        "precision": trainer.precision,
+        "matmul_precision": torch.get_float32_matmul_precision(),
+        "batch_size": batch_size,
+        "accumulate_grad_batches": accumulation,
+        "effective_batch_size": (
+            batch_size * accumulation * trainer.world_size if batch_size else None
+        ),
+        "num_workers": getattr(loader, "num_workers", None),
+        "pin_memory": getattr(loader, "pin_memory", None),
+        "persistent_workers": getattr(loader, "persistent_workers", None),
+    }
+
+
+def format_environment(facts: dict[str, Any]) -> str:
+    """One compact block, a few `key: value` pairs a line."""
+    lines = [
+        f"torch {facts['torch']} ({facts['torch_build']}) | lightning {facts['lightning']}"
+        f" | cuDNN {facts['cudnn'] or 'none'} | CUDA available: {facts['cuda_available']}",
+    ]
+    lines += [
+        f"GPU {g['index']}: {g['name']} | {g['free_gib']} GiB free of {g['total_gib']} GiB"
+        for g in facts["gpus"]
+    ]
+    lines.append(
+        f"accelerator: {facts['accelerator']} | strategy: {facts['strategy']}"
+        f" | devices {facts['devices']} x nodes {facts['num_nodes']}"
+        f" = world size {facts['world_size']}"
+    )
+    lines.append(f"precision: {facts['precision']} | float32 matmul: {facts['matmul_precision']}")
+    if facts["batch_size"] is not None:
+        lines.append(
+            f"batch: {facts['batch_size']} per device x {facts['accumulate_grad_batches']}"
+            f" accumulated x {facts['world_size']} ranks"
+            f" = {facts['effective_batch_size']} effective"
+        )
+    if facts["num_workers"] is not None:
+        lines.append(
+            f"loader: num_workers {facts['num_workers']} | pin_memory {facts['pin_memory']}"
+            f" | persistent_workers {facts['persistent_workers']}"
+        )
+    width = max(len(line) for line in lines)
+    rule = "-" * min(width, 100)
+    return "\n".join(["Environment", rule, *lines, rule])
+
+
+class EnvironmentReport(Callback):
+    """Prints the environment report on rank 0 when fit starts."""
+
+    def __init__(self) -> None:
+        self.facts: dict[str, Any] = {}
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # Every rank collects (cheap, no communication); only rank 0 prints.
+        self.facts = collect_environment(trainer)
+        rank_zero_info(format_environment(self.facts))

@@ -1,0 +1,106 @@
+"""The environment report says what the run will really use."""
+
+import logging
+
+import torch
+from lightning.pytorch import Trainer
+
+from {{ cookiecutter.package_name }}.callbacks import (
+    EnvironmentReport,
+    collect_environment,
+    format_environment,
+    torch_build,
+)
+from {{ cookiecutter.package_name }}.cli import DataModule, Model
+
+GPU_FACTS = {
+    "torch": "2.5.1+cu124",
+    "torch_build": "CUDA 12.4",
+    "lightning": "2.6.0",
+    "cuda_available": True,
+    "cudnn": 90100,
+    "gpus": [
+        {"index": 0, "name": "NVIDIA H100 80GB HBM3", "free_gib": 78.9, "total_gib": 79.1},
+        {"index": 1, "name": "NVIDIA H100 80GB HBM3", "free_gib": 12.5, "total_gib": 79.1},
+    ],
+    "accelerator": "CUDAAccelerator",
+    "strategy": "DDPStrategy",
+    "devices": 2,
+    "num_nodes": 2,
+    "world_size": 4,
+    "precision": "bf16-mixed",
+    "matmul_precision": "high",
+    "batch_size": 64,
+    "accumulate_grad_batches": 4,
+    "effective_batch_size": 1024,
+    "num_workers": 7,
+    "pin_memory": True,
+    "persistent_workers": True,
+}
+
+
+def test_report_of_a_multi_gpu_run_shows_every_fact():
+    report = format_environment(GPU_FACTS)
+    for expected in [
+        "torch 2.5.1+cu124 (CUDA 12.4)",
+        "lightning 2.6.0",
+        "cuDNN 90100",
+        "CUDA available: True",
+        "GPU 0: NVIDIA H100 80GB HBM3 | 78.9 GiB free of 79.1 GiB",
+        "GPU 1: NVIDIA H100 80GB HBM3 | 12.5 GiB free of 79.1 GiB",
+        "accelerator: CUDAAccelerator | strategy: DDPStrategy",
+        "devices 2 x nodes 2 = world size 4",
+        "precision: bf16-mixed | float32 matmul: high",
+        "batch: 64 per device x 4 accumulated x 4 ranks = 1024 effective",
+        "loader: num_workers 7 | pin_memory True | persistent_workers True",
+    ]:
+        assert expected in report
+
+
+def test_report_on_this_machine_at_fit_start(workdir, caplog):
+    report = EnvironmentReport()
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=1,
+        fast_dev_run=True,
+        accumulate_grad_batches=2,
+        callbacks=[report],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    with caplog.at_level(logging.INFO):
+        trainer.fit(Model(), DataModule(batch_size=32, num_workers=0))
+    facts = report.facts
+    assert facts["torch"] == torch.__version__
+    assert facts["torch_build"] == torch_build()
+    assert facts["cuda_available"] is torch.cuda.is_available()
+    assert facts["accelerator"] == "CPUAccelerator"
+    assert facts["strategy"] == "SingleDeviceStrategy"
+    assert (facts["devices"], facts["num_nodes"], facts["world_size"]) == (1, 1, 1)
+    assert facts["precision"] == "32-true"
+    assert (facts["batch_size"], facts["effective_batch_size"]) == (32, 64)
+    assert (facts["num_workers"], facts["pin_memory"], facts["persistent_workers"]) == (
+        0,
+        False,
+        False,
+    )
+    printed = caplog.text
+    assert "Environment" in printed
+    assert "batch: 32 per device x 2 accumulated x 1 ranks = 64 effective" in printed
+    assert "loader: num_workers 0 | pin_memory False | persistent_workers False" in printed
+
+
+def test_cpu_build_is_named(monkeypatch):
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(torch.version, "hip", None, raising=False)
+    assert torch_build() == "CPU-only"
+    monkeypatch.setattr(torch.version, "cuda", "12.1")
+    assert torch_build() == "CUDA 12.1"
+
+
+def test_facts_without_a_datamodule_leave_batch_lines_out():
+    trainer = Trainer(accelerator="cpu", devices=1, logger=False)
+    facts = collect_environment(trainer)
+    assert facts["batch_size"] is None and facts["num_workers"] is None
+    report = format_environment(facts)
+    assert "batch:" not in report and "loader:" not in report
