@@ -47,7 +47,16 @@ def expected_files(package: str) -> set[str]:
         ),
         *(
             f"src/{package}/{name}.py"
-            for name in ("__init__", "__main__", "callbacks", "cli", "data", "model")
+            for name in (
+                "__init__",
+                "__main__",
+                "callbacks",
+                "cli",
+                "data",
+                "doctor",
+                "hints",
+                "model",
+            )
         ),
         *(
             f"tests/{name}.py"
@@ -57,7 +66,9 @@ def expected_files(package: str) -> set[str]:
                 "test_cli",
                 "test_data",
                 "test_ddp",
+                "test_doctor",
                 "test_gpu",
+                "test_hints",
                 "test_model",
             )
         ),
@@ -120,7 +131,7 @@ def test_pyproject_round_trips_every_answer(rendered):
     assert project_table["requires-python"] == f">={want['python_version']}"
     assert meta["tool"]["ruff"]["target-version"] == "py" + want["python_version"].replace(".", "")
     package = package_of(project)
-    assert project_table["scripts"][project.name] == f"{package}.cli:console_main"
+    assert project_table["scripts"][project.name] == f"{package}.__main__:console_main"
     has_sklearn = any(dep.startswith("scikit-learn") for dep in project_table["dependencies"])
     assert has_sklearn == (want.get("example", "digits") == "digits")
 

@@ -22,7 +22,7 @@ def test_rendered_project_passes_its_own_test_suite(tmp_path, example):
     result = python("-m", "pytest", "-q", "-p", "no:cacheprovider", cwd=project, timeout=900)
     # Every CPU test ran and passed; only the GPU ones may skip, with a reason.
     assert not re.search(r"\d+ (failed|errors?)\b", result.stdout), result.stdout[-3000:]
-    assert passed_count(result.stdout) >= 28, result.stdout[-3000:]
+    assert passed_count(result.stdout) >= 55, result.stdout[-3000:]
     skipped = re.findall(r"SKIPPED \[\d+\] \S+: (.*)", result.stdout)
     if not torch.cuda.is_available():
         # The GPU config's fast_dev_run and the GPU fit, nothing else.
@@ -62,6 +62,8 @@ def test_installed_command_is_the_module(tmp_path):
     for cmd in ([command, *smoke], [env_python, "-m", "digit_lab", *smoke]):
         result = run(cmd, cwd=project, timeout=300)
         assert "Environment" in result.stderr and "fast_dev_run" in result.stderr
+    doctor = run([command, "doctor"], cwd=project).stdout
+    assert "torch " in doctor and "Result: " in doctor
     help_text = run([command, "fit", "--help"], cwd=project).stdout
     assert "--trainer.accumulate_grad_batches" in help_text and "--data.batch_size" in help_text
 

@@ -30,9 +30,14 @@ def workdir(tmp_path, monkeypatch) -> Path:
     return tmp_path
 
 
-def run_cli(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    """`python -m <package> args...` in a fresh process (needed for DDP)."""
-    env = dict(os.environ)
+def run_cli(
+    *args: str, cwd: Path, timeout: float = 300, check: bool = True, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    """`python -m <package> args...` in a fresh process (needed for DDP).
+
+    With `check`, a non-zero exit fails the test with the command's output.
+    """
+    env = {**os.environ, **(env or {})}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SRC), env.get("PYTHONPATH")]))
     result = subprocess.run(
         [sys.executable, "-m", PACKAGE, *args],
@@ -42,7 +47,7 @@ def run_cli(*args: str, cwd: Path, timeout: float = 300) -> subprocess.Completed
         text=True,
         timeout=timeout,
     )
-    if result.returncode != 0:
+    if check and result.returncode != 0:
         raise AssertionError(
             f"{PACKAGE} {' '.join(args)} exited {result.returncode}\n"
             f"--- stdout ---\n{result.stdout[-4000:]}\n--- stderr ---\n{result.stderr[-8000:]}"

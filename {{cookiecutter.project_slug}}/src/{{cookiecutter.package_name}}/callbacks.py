@@ -7,12 +7,15 @@ sizes and loader settings. A wrong line here (a CPU build of torch, one device
 where you asked for eight) is cheaper to spot than a slow week.
 """
 
+from itertools import chain
 from typing import Any
 
 import lightning
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
+
+from {{ cookiecutter.package_name }}.hints import RUN_CONTEXT
 
 GIB = 1024**3
 
@@ -118,3 +121,28 @@ class EnvironmentReport(Callback):
         # Every rank collects (cheap, no communication); only rank 0 prints.
         self.facts = collect_environment(trainer)
         rank_zero_info(format_environment(self.facts))
+
+
+class FailureContext(Callback):
+    """Keeps what the error hints quote: the run's settings, and where the
+    module's tensors were when a step failed (before Lightning moves them back)."""
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        RUN_CONTEXT.update(
+            precision=trainer.precision,
+            devices=trainer.num_devices,
+            accumulate_grad_batches=trainer.accumulate_grad_batches,
+            batch_size=getattr(trainer.datamodule, "batch_size", None),
+            cuda_device_count=torch.cuda.device_count(),
+        )
+
+    def on_exception(
+        self, trainer: Trainer, pl_module: LightningModule, exception: BaseException
+    ) -> None:
+        where: dict[str, list[str]] = {}
+        for name, tensor in chain(pl_module.named_parameters(), pl_module.named_buffers()):
+            where.setdefault(str(tensor.device), []).append(name)
+        RUN_CONTEXT["tensor_devices"] = {
+            device: names[:4] + ([f"... {len(names) - 4} more"] if len(names) > 4 else [])
+            for device, names in where.items()
+        }

@@ -5,24 +5,31 @@
     {{ cookiecutter.project_slug }} fit --print_config        # the full, resolved config
     {{ cookiecutter.project_slug }} validate|test|predict --ckpt_path <file>
 
-`main(["fit", ...])` runs the same thing in-process, for tests and scripts.
+`main(["fit", ...])` runs the same thing in-process, for tests and scripts;
+`run` is the command line's wrapper around it (error hints, exit code).
 """
+
+import sys
+import traceback
 
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from {{ cookiecutter.package_name }}.callbacks import EnvironmentReport
+from {{ cookiecutter.package_name }}.callbacks import EnvironmentReport, FailureContext
 {%- if cookiecutter.example == "digits" %}
 from {{ cookiecutter.package_name }}.data import DigitsDataModule as DataModule
+from {{ cookiecutter.package_name }}.hints import RUN_CONTEXT, explain
 from {{ cookiecutter.package_name }}.model import DigitsClassifier as Model
-
-# The metric that picks the best checkpoint, and which way is better.
-MONITOR, MODE = "val/acc", "max"
 {%- else %}
 from {{ cookiecutter.package_name }}.data import SyntheticRegressionDataModule as DataModule
+from {{ cookiecutter.package_name }}.hints import RUN_CONTEXT, explain
 from {{ cookiecutter.package_name }}.model import Regressor as Model
+{%- endif %}
 
 # The metric that picks the best checkpoint, and which way is better.
+{%- if cookiecutter.example == "digits" %}
+MONITOR, MODE = "val/acc", "max"
+{%- else %}
 MONITOR, MODE = "val/loss", "min"
 {%- endif %}
 
@@ -54,6 +61,20 @@ class ProjectCLI(LightningCLI):
             }
         )
         parser.add_lightning_class_args(EnvironmentReport, "environment_report")
+        parser.add_lightning_class_args(FailureContext, "failure_context")
+
+    def before_instantiate_classes(self) -> None:
+        # What the error hints quote if building the Trainer already fails.
+        config = self.config.get(self.subcommand, self.config)
+        trainer = config.get("trainer", {})
+        RUN_CONTEXT.clear()
+        RUN_CONTEXT.update(
+            batch_size=config.get("data", {}).get("batch_size"),
+            precision=trainer.get("precision"),
+            accumulate_grad_batches=trainer.get("accumulate_grad_batches"),
+            devices=trainer.get("devices"),
+            accelerator=trainer.get("accelerator"),
+        )
 
 
 def main(args: list[str] | None = None, **cli_kwargs) -> ProjectCLI:
@@ -75,6 +96,17 @@ def main(args: list[str] | None = None, **cli_kwargs) -> ProjectCLI:
     )
 
 
-def console_main() -> None:
-    """The `{{ cookiecutter.project_slug }}` command and `python -m {{ cookiecutter.package_name }}`."""
-    main()
+def run(args: list[str] | None = None) -> int:
+    """`main` for the command line: a known error gets a hint after its traceback.
+
+    Nothing is swallowed: the traceback is printed in full and the exit code is 1.
+    """
+    try:
+        main(args)
+    except Exception as error:
+        traceback.print_exc()
+        hint = explain(error)
+        if hint:
+            print(hint, file=sys.stderr)
+        return 1
+    return 0

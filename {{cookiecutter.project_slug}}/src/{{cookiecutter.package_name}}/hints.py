@@ -1,0 +1,235 @@
+"""What the classic GPU-training errors mean, and what to do next.
+
+`HINTS` is the one table: the CLI prints the matching entry after a traceback,
+and the README's troubleshooting table is generated from it
+(`python -m {{ cookiecutter.package_name }}.hints` prints it; a test keeps them equal).
+Plain Python: no Lightning import, so it works when Lightning's install does not.
+"""
+
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+COMMAND = "{{ cookiecutter.project_slug }}"
+
+# What the running command knows when it fails: filled by the CLI and its
+# callbacks (batch size, precision, devices, where the tensors were), read here.
+RUN_CONTEXT: dict[str, Any] = {}
+
+
+@dataclass(frozen=True)
+class Hint:
+    symptom: str  # what the error says, as the README shows it
+    pattern: str  # regex over "ExceptionType: message" and its causes
+    meaning: str
+    causes: tuple[str, ...]  # most likely first
+    fixes: tuple[str, ...]  # concrete commands or flags
+    details: Callable[[dict[str, Any]], list[str]] = field(default=lambda context: [])
+
+
+def _oom_details(context: dict[str, Any]) -> list[str]:
+    batch = context.get("batch_size")
+    if not batch:
+        return []
+    precision = context.get("precision") or "32-true"
+    accumulate = context.get("accumulate_grad_batches") or 1
+    half = max(1, batch // 2)
+    lines = [
+        f"In use: --data.batch_size {batch} per device, --trainer.precision {precision},"
+        f" --trainer.accumulate_grad_batches {accumulate}.",
+        f"Try: --data.batch_size {half} --trainer.accumulate_grad_batches {accumulate * 2}"
+        " (same effective batch, half the activations)",
+    ]
+    if not str(precision).startswith(("bf16", "16")):
+        lines.append("  and/or --trainer.precision bf16-mixed (16-mixed before Ampere).")
+    return lines
+
+
+def _device_details(context: dict[str, Any]) -> list[str]:
+    where = context.get("tensor_devices")
+    if not where:
+        return []
+    return ["Where the module's tensors were when it failed:"] + [
+        f"  {device}: {', '.join(names)}" for device, names in sorted(where.items())
+    ]
+
+
+def _ordinal_details(context: dict[str, Any]) -> list[str]:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return [
+        f"Requested: --trainer.devices {context.get('devices', '?')};"
+        f" visible: {context.get('cuda_device_count', '?')} device(s);"
+        f" CUDA_VISIBLE_DEVICES={visible!r}" + (" (unset)" if visible is None else ""),
+    ]
+
+
+HINTS: tuple[Hint, ...] = (
+    Hint(
+        symptom="CUDA out of memory",
+        pattern=r"CUDA out of memory|OutOfMemoryError",
+        meaning="The GPU has no room left for this step's activations, gradients and states.",
+        causes=(
+            "the per-device batch is too big for the model's activations",
+            "tensors kept across steps (outputs or losses collected in a list keep their graph)",
+            "gradients never cleared in a hand-written loop (Lightning's own loop clears them)",
+            "fragmentation from mixing NumPy and CUDA tensors back and forth",
+        ),
+        fixes=(
+            "halve `--data.batch_size` and double `--trainer.accumulate_grad_batches`",
+            "`--trainer.precision bf16-mixed` (or `16-mixed` before Ampere)",
+            "`torch.cuda.empty_cache()` is no cure: it frees only cached blocks, never memory"
+            " that live tensors hold",
+        ),
+        details=_oom_details,
+    ),
+    Hint(
+        symptom="Expected all tensors to be on the same device",
+        pattern=r"Expected all tensors to be on the same device"
+        r"|Tensor on device \S+ is not on the expected device",
+        meaning="One operation mixed tensors from two devices (typically cuda:0 and cpu).",
+        causes=(
+            "a tensor made inside forward without a device (`torch.zeros(n)` lands on the CPU)",
+            "a tensor attribute of the module that is not a registered buffer, so `.to()`"
+            " never moved it",
+            "a batch or target moved by hand, or built in `collate_fn` on another device",
+        ),
+        fixes=(
+            "make tensors from existing ones: `x.new_zeros(...)`,"
+            " `torch.zeros(..., device=x.device)`",
+            "store constants with `self.register_buffer(...)`",
+            "run `pytest tests/test_model.py`: the meta-device test finds the line on a CPU",
+        ),
+        details=_device_details,
+    ),
+    Hint(
+        symptom="CUDA driver version is insufficient for CUDA runtime version",
+        pattern=r"driver version is insufficient",
+        meaning="The NVIDIA driver is older than the CUDA runtime this torch was built with.",
+        causes=("torch built for a newer CUDA than the driver supports (`nvidia-smi`, top right)",),
+        fixes=(
+            "upgrade the NVIDIA driver",
+            "or install a torch built for the CUDA version the driver reports",
+            f"`{COMMAND} doctor` shows both versions",
+        ),
+    ),
+    Hint(
+        symptom="libcudnn...: cannot open shared object file",
+        pattern=r"libcudnn\S*: cannot open shared object file",
+        meaning="torch cannot load cuDNN, the library behind its convolutions on the GPU.",
+        causes=(
+            "an incomplete or mixed install (conda and pip both installed CUDA libraries)",
+            "a `LD_LIBRARY_PATH` that points at another CUDA's libraries",
+        ),
+        fixes=(
+            "reinstall torch in a clean environment with the command from pytorch.org",
+            "do not mix conda and pip for torch and CUDA packages",
+        ),
+    ),
+    Hint(
+        symptom="invalid device ordinal",
+        pattern=r"invalid device ordinal",
+        meaning="The run asked for a GPU index that this process cannot see.",
+        causes=(
+            "`--trainer.devices` asks for more GPUs (or a higher index) than are visible",
+            "`CUDA_VISIBLE_DEVICES` hides the GPUs the run names",
+        ),
+        fixes=(
+            "`--trainer.devices` at most the number of visible GPUs (`-1` for all of them)",
+            "check `CUDA_VISIBLE_DEVICES`: `CUDA_VISIBLE_DEVICES=0` leaves only GPU 0, as `cuda:0`",
+        ),
+        details=_ordinal_details,
+    ),
+    Hint(
+        symptom="`CUDAAccelerator` can not run on your system / No supported gpu backend found",
+        pattern=r"Accelerator` can not run on your system|No supported gpu backend found",
+        meaning="The run asked for an accelerator this machine or this torch build cannot use.",
+        causes=(
+            "a CPU-only build of torch",
+            "no NVIDIA driver, or one too old for this torch",
+            "`CUDA_VISIBLE_DEVICES` hides every GPU",
+        ),
+        fixes=(
+            f"`{COMMAND} doctor` says which, with the fix",
+            "`--trainer.accelerator auto` uses the GPU when there is one, else the CPU",
+        ),
+    ),
+    Hint(
+        symptom="SyncBatchNorm layers only work with GPU modules",
+        pattern=r"SyncBatchNorm layers only work with GPU modules",
+        meaning="`sync_batchnorm` needs CUDA; this DDP run is on CPUs.",
+        causes=("`configs/ddp.yaml` (sync_batchnorm on) used with `--trainer.accelerator cpu`",),
+        fixes=("add `--trainer.sync_batchnorm false` on CPUs",),
+    ),
+    Hint(
+        symptom="NCCL/gloo timeout or connection error at process-group init",
+        pattern=r"DistNetworkError|DistStoreError|Timed out initializing process group"
+        r"|TCPStore.*([Tt]imed out|[Tt]imeout|refused)|gloo.*[Tt]imed out|Socket Timeout"
+        r"|NCCL error|Watchdog caught collective operation timeout",
+        meaning="The ranks could not all meet: some never started, or cannot reach rank 0.",
+        causes=(
+            "world size mismatch: `--trainer.num_nodes` x `--trainer.devices` differs from the"
+            " processes actually started",
+            "`MASTER_ADDR`/`MASTER_PORT` unreachable from other nodes (firewall, wrong address)",
+            "NCCL or gloo bound to the wrong network interface",
+            "a rank crashed before init; its own log has the first error",
+        ),
+        fixes=(
+            "start the same command on every node with the same `MASTER_ADDR` and `MASTER_PORT`",
+            "`NCCL_DEBUG=INFO` shows what NCCL tried; pin the interface with"
+            " `NCCL_SOCKET_IFNAME`/`GLOO_SOCKET_IFNAME`",
+        ),
+    ),
+    Hint(
+        symptom="No module named 'torch.distributed'",
+        pattern=r"No module named 'torch\.distributed'|torch\.distributed is not available",
+        meaning="This torch build lacks torch.distributed, which DDP needs.",
+        causes=("an incomplete or unusual torch install",),
+        fixes=(f"reinstall torch (faster than debugging it); `{COMMAND} doctor` checks it",),
+    ),
+)
+
+
+def _error_text(error: BaseException) -> str:
+    """The error and every error it was raised from, as 'Type: message' lines."""
+    parts, seen = [], set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        parts.append(f"{type(error).__name__}: {error}")
+        error = error.__cause__ or error.__context__
+    return "\n".join(parts)
+
+
+def find_hint(error: BaseException) -> Hint | None:
+    text = _error_text(error)
+    return next((h for h in HINTS if re.search(h.pattern, text)), None)
+
+
+def explain(error: BaseException, context: dict[str, Any] | None = None) -> str | None:
+    """The block to print after the traceback, or None for an unknown error."""
+    hint = find_hint(error)
+    if hint is None:
+        return None
+    context = RUN_CONTEXT if context is None else context
+    lines = [f"Hint: {hint.symptom}", f"  What it means: {hint.meaning}", "  Likely causes:"]
+    lines += [f"    {n}. {cause}" for n, cause in enumerate(hint.causes, 1)]
+    lines.append("  Next:")
+    lines += [f"    - {fix}" for fix in hint.fixes]
+    lines += [f"  {line}" for line in hint.details(context)]
+    rule = "=" * 72
+    return "\n".join([rule, *lines, rule])
+
+
+def markdown_table() -> str:
+    """The README's troubleshooting table: symptom -> cause -> fix."""
+    rows = ["| symptom | likely cause | fix |", "| --- | --- | --- |"]
+    for hint in HINTS:
+        cause = "; ".join(hint.causes)
+        fix = "; ".join(hint.fixes)
+        rows.append(f"| {hint.symptom} | {cause} | {fix} |".replace("\n", " "))
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(markdown_table())

@@ -1,0 +1,192 @@
+"""After a classic error the command prints what it means and what to do, and exits 1."""
+
+import re
+import socket
+
+import pytest
+import torch
+from conftest import PROJECT_ROOT, run_cli
+from test_model import forward_backward_on_meta
+
+from {{ cookiecutter.package_name }}.__main__ import main as command
+from {{ cookiecutter.package_name }}.cli import Model
+from {{ cookiecutter.package_name }}.hints import HINTS, explain, find_hint, markdown_table
+
+# Each guide error as torch, CUDA or Lightning words it, and the hint it must get.
+REAL_MESSAGES = [
+    ("CUDA out of memory. Tried to allocate 512.00 MiB", "CUDA out of memory"),
+    (
+        "Expected all tensors to be on the same device, but found at least two devices, "
+        "cuda:0 and cpu!",
+        "Expected all tensors to be on the same device",
+    ),
+    ("CUDA driver version is insufficient for CUDA runtime version", "CUDA driver version"),
+    ("libcudnn.so.9: cannot open shared object file: No such file or directory", "libcudnn"),
+    ("CUDA error: invalid device ordinal", "invalid device ordinal"),
+    ("No supported gpu backend found!", "`CUDAAccelerator` can not run"),
+    ("SyncBatchNorm layers only work with GPU modules", "SyncBatchNorm"),
+    ("Timed out after 31 seconds waiting for clients. 1/2 clients joined.", None),
+    ("No module named 'torch.distributed'", "No module named 'torch.distributed'"),
+]
+
+
+@pytest.mark.parametrize(("message", "symptom"), REAL_MESSAGES)
+def test_each_error_finds_its_hint(message, symptom):
+    hint = find_hint(RuntimeError(message))
+    if symptom is None:  # a plain RuntimeError saying "timed out" is no init timeout
+        assert hint is None
+    else:
+        assert hint is not None and hint.symptom.startswith(symptom)
+
+
+def test_hint_is_found_through_the_chain_of_causes():
+    try:
+        try:
+            raise RuntimeError("CUDA error: invalid device ordinal")
+        except RuntimeError as inner:
+            raise ValueError("setup failed") from inner
+    except ValueError as outer:
+        assert find_hint(outer).symptom == "invalid device ordinal"
+
+
+def test_unknown_errors_get_no_hint():
+    assert explain(KeyError("val/acc")) is None
+
+
+def test_readme_table_is_the_hint_table():
+    readme = (PROJECT_ROOT / "README.md").read_text(encoding="utf-8")
+    section = re.search(r"<!-- hints:start -->\n(.*?)\n<!-- hints:end -->", readme, re.DOTALL)
+    assert section, "README.md lost its troubleshooting table markers"
+    assert section.group(1) == markdown_table(), (
+        "README.md's troubleshooting table differs from hints.HINTS; regenerate it with "
+        "`python -m {{ cookiecutter.package_name }}.hints`"
+    )
+    assert len(markdown_table().splitlines()) == len(HINTS) + 2
+
+
+def fail_in_training_step(monkeypatch, error_factory):
+    def training_step(self, batch, batch_idx):
+        raise error_factory(self, batch)
+
+    monkeypatch.setattr(Model, "training_step", training_step)
+
+
+def test_out_of_memory_in_a_step(workdir, monkeypatch, capfd):
+    fail_in_training_step(
+        monkeypatch,
+        lambda self, batch: torch.cuda.OutOfMemoryError(
+            "CUDA out of memory. Tried to allocate 512.00 MiB"
+        ),
+    )
+    code = command(["fit", "--config", str(PROJECT_ROOT / "configs" / "debug.yaml")])
+    err = capfd.readouterr().err
+    assert code == 1
+    assert "Traceback (most recent call last)" in err  # nothing swallowed
+    assert err.index("OutOfMemoryError") < err.index("Hint: CUDA out of memory")
+    assert "In use: --data.batch_size 64 per device, --trainer.precision 32-true" in err
+    assert "Try: --data.batch_size 32 --trainer.accumulate_grad_batches 2" in err
+    assert "--trainer.precision bf16-mixed" in err
+    assert "empty_cache()` is no cure" in err
+
+
+def test_device_mismatch_in_a_step_shows_where_tensors_live(workdir, monkeypatch, capfd):
+    def stray_buffer(self, batch):
+        # The classic bug, staged on the CPU: a tensor on another device than the rest.
+        self.register_buffer("stray", torch.zeros(1, device="meta"))
+        x, _ = batch
+        return self(x) + self.stray
+
+    fail_in_training_step(monkeypatch, stray_buffer)
+    code = command(["fit", "--trainer.fast_dev_run=true", "--data.num_workers=0"])
+    err = capfd.readouterr().err
+    assert code == 1
+    assert "Hint: Expected all tensors to be on the same device" in err
+    assert "Where the module's tensors were when it failed:" in err
+    assert re.search(r"  meta: stray\n", err)
+    assert re.search(r"  cpu: net\.", err)
+    assert "register_buffer" in err and "x.new_zeros" in err
+
+
+def test_module_that_breaks_the_meta_rule_gets_the_device_hint():
+    class Buggy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = Model()
+
+        def forward(self, x):
+            return self.inner(x) + torch.ones(1)
+
+    with pytest.raises(RuntimeError) as error:
+        forward_backward_on_meta(Buggy())
+    assert "Hint: Expected all tensors to be on the same device" in explain(error.value, {})
+
+
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        ("CUDA error: invalid device ordinal", "Requested: --trainer.devices 1; visible: 0"),
+        ("CUDA driver version is insufficient for CUDA runtime version", "doctor` shows both"),
+        ("libcudnn_cnn.so.9: cannot open shared object file", "do not mix conda and pip"),
+    ],
+)
+def test_cuda_errors_raised_in_a_step(workdir, monkeypatch, capfd, message, expected):
+    if torch.cuda.is_available() and "ordinal" in message:
+        pytest.skip("the visible-device count differs on a GPU machine")
+    fail_in_training_step(monkeypatch, lambda self, batch: RuntimeError(message))
+    code = command(["fit", "--trainer.fast_dev_run=true", "--data.num_workers=0"])
+    err = capfd.readouterr().err
+    assert code == 1 and "Hint: " in err and expected in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU to run on")
+def test_asking_for_a_gpu_that_is_not_there(workdir):
+    result = run_cli("fit", "--trainer.accelerator=gpu", cwd=workdir, check=False)
+    assert result.returncode == 1
+    assert "No supported gpu backend found" in result.stderr
+    assert "Hint: `CUDAAccelerator` can not run on your system" in result.stderr
+    assert "{{ cookiecutter.project_slug }} doctor` says which" in result.stderr
+{%- if cookiecutter.example == "digits" %}
+
+
+@pytest.mark.slow
+def test_sync_batchnorm_on_cpus(workdir):
+    result = run_cli(
+        "fit",
+        "--config=" + str(PROJECT_ROOT / "configs" / "ddp.yaml"),
+        "--trainer.accelerator=cpu",
+        "--trainer.devices=1",
+        "--trainer.fast_dev_run=true",
+        cwd=workdir,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert "Hint: SyncBatchNorm layers only work with GPU modules" in result.stderr
+    assert "--trainer.sync_batchnorm false" in result.stderr
+{%- endif %}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_process_group_init_timeout_under_ddp(workdir):
+    # Two nodes are asked for, only one starts: rank 0 waits for rank 1, then times out.
+    result = run_cli(
+        "fit",
+        "--trainer.accelerator=cpu",
+        "--trainer.devices=1",
+        "--trainer.num_nodes=2",
+        "--trainer.strategy=lightning.pytorch.strategies.DDPStrategy",
+        "--trainer.strategy.timeout=0:00:05",
+        cwd=workdir,
+        check=False,
+        timeout=180,
+        env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "NODE_RANK": "0"},
+    )
+    assert result.returncode == 1
+    assert "DistStoreError" in result.stderr or "Timed out" in result.stderr
+    assert "Hint: NCCL/gloo timeout or connection error at process-group init" in result.stderr
+    assert "MASTER_ADDR" in result.stderr
