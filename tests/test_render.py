@@ -54,6 +54,8 @@ def expected_files(package: str) -> set[str]:
                 "cli",
                 "data",
                 "doctor",
+                "hardware",
+                "health",
                 "hints",
                 "model",
             )
@@ -68,6 +70,8 @@ def expected_files(package: str) -> set[str]:
                 "test_ddp",
                 "test_doctor",
                 "test_gpu",
+                "test_hardware",
+                "test_health",
                 "test_hints",
                 "test_model",
             )

@@ -3,7 +3,7 @@
 import pytest
 import torch
 from lightning.pytorch import Trainer
-from torch.utils.data import TensorDataset
+from torch.utils.data import Dataset, TensorDataset
 
 from {{ cookiecutter.package_name }}.cli import DataModule
 from {{ cookiecutter.package_name }}.data import (
@@ -31,6 +31,17 @@ def test_unset_loader_settings_follow_the_machine(cpus, local_world_size, on_cud
     assert resolved == expected
 
 
+def test_tensors_in_memory_need_no_workers():
+    resolved = resolve_loader_settings(
+        None, None, cpus=16, local_world_size=1, on_cuda=True, in_memory=True
+    )
+    assert resolved == LoaderSettings(0, True, False)
+    resolved = resolve_loader_settings(
+        4, None, cpus=16, local_world_size=1, on_cuda=True, in_memory=True
+    )
+    assert resolved == LoaderSettings(4, True, True)
+
+
 def test_explicit_loader_settings_win():
     resolved = resolve_loader_settings(0, True, cpus=64, local_world_size=1, on_cuda=False)
     assert resolved == LoaderSettings(0, True, False)
@@ -48,9 +59,25 @@ def test_bad_split_fractions_name_the_values():
         split_sizes(100, 0.6, 0.5)
 
 
-def test_setup_resolves_from_the_trainer(monkeypatch):
+class FileBacked(Dataset):
+    """Stands for data read from disk: not a TensorDataset, so workers pay off."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, index):
+        return torch.zeros(2), 0
+
+
+def test_setup_resolves_from_the_trainer_and_the_data(monkeypatch):
     monkeypatch.setattr("{{ cookiecutter.package_name }}.data.available_cpus", lambda: 3)
     datamodule = DataModule()
+    datamodule.trainer = Trainer(accelerator="cpu", devices=1, logger=False)
+    datamodule.setup("fit")
+    assert datamodule.loader_settings == LoaderSettings(0, False, False)  # tensors in memory
+
+    datamodule = DataModule()
+    datamodule.make_splits = lambda: {"train": FileBacked(), "val": FileBacked()}
     datamodule.trainer = Trainer(accelerator="cpu", devices=1, logger=False)
     datamodule.setup("fit")
     assert datamodule.loader_settings == LoaderSettings(2, False, True)

@@ -5,6 +5,7 @@ import torch
 from lightning.pytorch import Callback, Trainer
 
 from {{ cookiecutter.package_name }}.cli import DataModule, Model
+from {{ cookiecutter.package_name }}.health import TrainingHealth
 
 
 class DeviceProbe(Callback):
@@ -22,13 +23,13 @@ class DeviceProbe(Callback):
 @pytest.mark.slow
 def test_fit_on_gpu_in_bf16(workdir):
     torch.cuda.reset_peak_memory_stats()
-    probe = DeviceProbe()
+    probe, health = DeviceProbe(), TrainingHealth()
     trainer = Trainer(
         accelerator="gpu",
         devices=1,
         precision="bf16-mixed",
         max_epochs=2,
-        callbacks=[probe],
+        callbacks=[probe, health],
         logger=False,
         enable_checkpointing=False,
     )
@@ -39,3 +40,5 @@ def test_fit_on_gpu_in_bf16(workdir):
     assert datamodule.loader_settings.pin_memory is True
     assert trainer.precision == "bf16-mixed"
     assert torch.isfinite(trainer.callback_metrics["train/loss"])
+    assert health.summary["peak_memory_gib"][0] > 0
+    assert health.summary["samples_per_s"] > 0

@@ -18,10 +18,22 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from {{ cookiecutter.package_name }}.callbacks import EnvironmentReport, FailureContext
 {%- if cookiecutter.example == "digits" %}
 from {{ cookiecutter.package_name }}.data import DigitsDataModule as DataModule
+from {{ cookiecutter.package_name }}.hardware import (
+    cuda_capabilities,
+    resolve_precision,
+    use_tensor_cores,
+)
+from {{ cookiecutter.package_name }}.health import TrainingHealth
 from {{ cookiecutter.package_name }}.hints import RUN_CONTEXT, explain
 from {{ cookiecutter.package_name }}.model import DigitsClassifier as Model
 {%- else %}
 from {{ cookiecutter.package_name }}.data import SyntheticRegressionDataModule as DataModule
+from {{ cookiecutter.package_name }}.hardware import (
+    cuda_capabilities,
+    resolve_precision,
+    use_tensor_cores,
+)
+from {{ cookiecutter.package_name }}.health import TrainingHealth
 from {{ cookiecutter.package_name }}.hints import RUN_CONTEXT, explain
 from {{ cookiecutter.package_name }}.model import Regressor as Model
 {%- endif %}
@@ -61,9 +73,14 @@ class ProjectCLI(LightningCLI):
             }
         )
         parser.add_lightning_class_args(EnvironmentReport, "environment_report")
+        parser.add_lightning_class_args(TrainingHealth, "health")
         parser.add_lightning_class_args(FailureContext, "failure_context")
+        # Precision from the hardware unless given (--trainer.precision wins);
+        # --print_config shows the resolved value.
+        parser.set_defaults({"trainer.precision": resolve_precision(*cuda_capabilities())})
 
     def before_instantiate_classes(self) -> None:
+        use_tensor_cores()
         # What the error hints quote if building the Trainer already fails.
         config = self.config.get(self.subcommand, self.config)
         trainer = config.get("trainer", {})

@@ -3,7 +3,7 @@
 Loader settings follow the guide: worker processes so the accelerator never
 waits on Python, pinned memory when batches go to a CUDA device, and workers
 kept alive between epochs. Each one is resolved at `setup` from the machine and
-the Trainer unless you set it (`--data.num_workers 0`, `--data.pin_memory false`).
+the Trainer unless you set it (`--data.num_workers 4`, `--data.pin_memory false`).
 """
 
 import os
@@ -38,15 +38,20 @@ def resolve_loader_settings(
     cpus: int,
     local_world_size: int,
     on_cuda: bool,
+    in_memory: bool = False,
 ) -> LoaderSettings:
     """Fill in the loader settings the user left unset.
 
     Workers: the CPUs of this node shared among its ranks, one left for the
-    rank's own process, at most `MAX_WORKERS`. Pinned memory only pays off for
-    copies to a CUDA device. Persistent workers whenever there are workers, so
-    they are not restarted every epoch.
+    rank's own process, at most `MAX_WORKERS`; none for tensors already in
+    memory, where a worker does no loading and only adds copies between
+    processes. Pinned memory only pays off for copies to a CUDA device.
+    Persistent workers whenever there are workers, so they are not restarted
+    every epoch.
     """
-    if num_workers is None:
+    if num_workers is None and in_memory:
+        num_workers = 0
+    elif num_workers is None:
         per_rank = cpus // max(1, local_world_size)
         num_workers = max(0, min(MAX_WORKERS, per_rank - 1))
     if num_workers < 0:
@@ -80,17 +85,17 @@ class TensorDataModule(LightningDataModule):
         raise NotImplementedError
 
     def setup(self, stage: str | None = None) -> None:
-        trainer = self.trainer
-        if trainer is not None:
-            self.loader_settings = resolve_loader_settings(
-                self.hparams.num_workers,
-                self.hparams.pin_memory,
-                cpus=available_cpus(),
-                local_world_size=trainer.num_devices,
-                on_cuda=trainer.strategy.root_device.type == "cuda",
-            )
         if not self.splits:
             self.splits = self.make_splits()
+        trainer = self.trainer
+        self.loader_settings = resolve_loader_settings(
+            self.hparams.num_workers,
+            self.hparams.pin_memory,
+            cpus=available_cpus(),
+            local_world_size=trainer.num_devices if trainer else 1,
+            on_cuda=bool(trainer) and trainer.strategy.root_device.type == "cuda",
+            in_memory=all(isinstance(s, TensorDataset) for s in self.splits.values()),
+        )
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
         s = self.loader_settings

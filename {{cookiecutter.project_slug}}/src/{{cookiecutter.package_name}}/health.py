@@ -1,0 +1,149 @@
+"""`TrainingHealth`: is the accelerator busy, or waiting for data?
+
+It follows the guide's tuning order (data first, then compute, then memory,
+then parallelism): at the end of fit, and every `every_n_steps` if asked, rank
+0 reports samples per second, the share of step time spent waiting for the next
+batch, the peak memory allocated on each CUDA device and the effective batch
+size. It times with the host clock only: no device sync, nothing added to the
+steps themselves.
+"""
+
+from time import perf_counter
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from torch import nn
+
+GIB = 1024**3
+
+
+def batch_length(batch: Any) -> int:
+    """Samples in a batch: the first dimension of its first tensor."""
+    if isinstance(batch, torch.Tensor):
+        return batch.shape[0]
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, list | tuple) and batch:
+        return batch_length(batch[0])
+    return 0
+
+
+def batchnorm_advice(model: nn.Module, world_size: int, accumulate: int, micro_batch: int | None):
+    """What to say about BatchNorm in this setup, or None."""
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if not norms:
+        return None
+    synced = all(isinstance(m, nn.SyncBatchNorm) for m in norms)
+    if world_size > 1 and not synced:
+        return (
+            f"BatchNorm under {world_size} ranks without sync_batchnorm: each rank normalises "
+            "its own slice of the batch. Add --trainer.sync_batchnorm true (CUDA) to use the "
+            "statistics of the global batch."
+        )
+    if accumulate > 1:
+        return (
+            f"BatchNorm with accumulate_grad_batches={accumulate}: it normalises each "
+            f"micro-batch of {micro_batch or 'data.batch_size'} samples, not the effective batch. "
+            "If that hurts, raise data.batch_size or use GroupNorm/LayerNorm."
+        )
+    return None
+
+
+class TrainingHealth(Callback):
+    """Throughput, data wait, peak memory and effective batch, on rank 0."""
+
+    def __init__(self, every_n_steps: int = 0, data_wait_warn: float = 0.3) -> None:
+        self.every_n_steps = every_n_steps
+        self.data_wait_warn = data_wait_warn
+        self.summary: dict[str, Any] = {}
+        self._reset()
+
+    def _reset(self) -> None:
+        self.wait = self.compute = 0.0
+        self.samples = self.steps = 0
+        self._ready = self._start = None
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._reset()
+        self.summary = {}
+        if trainer.strategy.root_device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(trainer.strategy.root_device)
+        advice = batchnorm_advice(
+            pl_module,
+            trainer.world_size,
+            trainer.accumulate_grad_batches,
+            getattr(trainer.datamodule, "batch_size", None),
+        )
+        if advice:
+            rank_zero_warn(advice)
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # Fetching the epoch's first batch counts as waiting; validation does not.
+        self._ready = perf_counter()
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._start = perf_counter()
+        if self._ready is not None:
+            self.wait += self._start - self._ready
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self._ready = perf_counter()
+        if self._start is not None:
+            self.compute += self._ready - self._start
+        self.samples += batch_length(batch)
+        self.steps += 1
+        if self.every_n_steps and self.steps % self.every_n_steps == 0:
+            self.report(trainer, pl_module, final=False)
+
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.steps:
+            self.report(trainer, pl_module, final=True)
+
+    def measure(self, trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
+        busy = self.wait + self.compute
+        device = trainer.strategy.root_device
+        peaks = None
+        if device.type == "cuda":
+            peak = torch.tensor(float(torch.cuda.max_memory_allocated(device)), device=device)
+            gathered = pl_module.all_gather(peak).reshape(-1)
+            peaks = [round(float(p) / GIB, 2) for p in gathered]
+        batch_size = getattr(trainer.datamodule, "batch_size", None)
+        return {
+            "steps": self.steps,
+            "samples_per_s": round(self.samples * trainer.world_size / busy, 1) if busy else None,
+            "data_wait_share": round(self.wait / busy, 3) if busy else None,
+            "peak_memory_gib": peaks,
+            "effective_batch_size": (
+                batch_size * trainer.accumulate_grad_batches * trainer.world_size
+                if batch_size
+                else None
+            ),
+        }
+
+    def report(self, trainer: Trainer, pl_module: LightningModule, final: bool) -> None:
+        # Every rank measures (the memory gather is a collective); rank 0 prints.
+        self.summary = facts = self.measure(trainer, pl_module)
+        parts = [
+            f"{facts['samples_per_s']} samples/s",
+            f"data wait {facts['data_wait_share']:.0%} of step time",
+        ]
+        if facts["peak_memory_gib"]:
+            peaks = ", ".join(f"{p} GiB" for p in facts["peak_memory_gib"])
+            parts.append(f"peak memory per device: {peaks}")
+        if facts["effective_batch_size"]:
+            parts.append(f"effective batch {facts['effective_batch_size']}")
+        parts.append(f"{facts['steps']} steps")
+        title = "Training health: " if final else "Training health so far: "
+        rank_zero_info(title + " | ".join(parts))
+        if final and facts["data_wait_share"] > self.data_wait_warn:
+            loader = getattr(trainer.datamodule, "loader_settings", None)
+            workers = getattr(loader, "num_workers", "?")
+            rank_zero_warn(
+                f"The model waited for data {facts['data_wait_share']:.0%} of the step time "
+                f"(threshold {self.data_wait_warn:.0%}). In this order: 1. more loader workers "
+                f"(--data.num_workers, now {workers}); 2. a lighter __getitem__ (decode and "
+                "augment offline, return tensors); 3. pinned memory on CUDA (--data.pin_memory "
+                "true); 4. precompute features once and load them as tensors."
+            )
