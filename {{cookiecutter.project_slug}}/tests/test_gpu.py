@@ -40,5 +40,5 @@ def test_fit_on_gpu_in_bf16(workdir):
     assert datamodule.loader_settings.pin_memory is True
     assert trainer.precision == "bf16-mixed"
     assert torch.isfinite(trainer.callback_metrics["train/loss"])
-    assert health.summary["peak_memory_gib"][0] > 0
+    assert health.summary["peak_memory_mib"][0] > 0
     assert health.summary["samples_per_s"] > 0

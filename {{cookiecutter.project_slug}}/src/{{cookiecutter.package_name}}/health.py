@@ -16,7 +16,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 
-GIB = 1024**3
+MIB = 1024**2
 
 
 def batch_length(batch: Any) -> int:
@@ -108,13 +108,13 @@ class TrainingHealth(Callback):
         if device.type == "cuda":
             peak = torch.tensor(float(torch.cuda.max_memory_allocated(device)), device=device)
             gathered = pl_module.all_gather(peak).reshape(-1)
-            peaks = [round(float(p) / GIB, 2) for p in gathered]
+            peaks = [round(float(p) / MIB, 1) for p in gathered]
         batch_size = getattr(trainer.datamodule, "batch_size", None)
         return {
             "steps": self.steps,
             "samples_per_s": round(self.samples * trainer.world_size / busy, 1) if busy else None,
             "data_wait_share": round(self.wait / busy, 3) if busy else None,
-            "peak_memory_gib": peaks,
+            "peak_memory_mib": peaks,
             "effective_batch_size": (
                 batch_size * trainer.accumulate_grad_batches * trainer.world_size
                 if batch_size
@@ -129,8 +129,8 @@ class TrainingHealth(Callback):
             f"{facts['samples_per_s']} samples/s",
             f"data wait {facts['data_wait_share']:.0%} of step time",
         ]
-        if facts["peak_memory_gib"]:
-            peaks = ", ".join(f"{p} GiB" for p in facts["peak_memory_gib"])
+        if facts["peak_memory_mib"]:
+            peaks = ", ".join(f"{p} MiB" for p in facts["peak_memory_mib"])
             parts.append(f"peak memory per device: {peaks}")
         if facts["effective_batch_size"]:
             parts.append(f"effective batch {facts['effective_batch_size']}")
