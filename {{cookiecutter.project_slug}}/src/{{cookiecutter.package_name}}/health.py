@@ -127,7 +127,7 @@ class TrainingHealth(Callback):
         self.summary = facts = self.measure(trainer, pl_module)
         parts = [
             f"{facts['samples_per_s']} samples/s",
-            f"data wait {facts['data_wait_share']:.0%} of step time",
+            f"data wait {100 * facts['data_wait_share']:.0f}% of step time",
         ]
         if facts["peak_memory_mib"]:
             peaks = ", ".join(f"{p} MiB" for p in facts["peak_memory_mib"])
@@ -141,9 +141,9 @@ class TrainingHealth(Callback):
             loader = getattr(trainer.datamodule, "loader_settings", None)
             workers = getattr(loader, "num_workers", "?")
             rank_zero_warn(
-                f"The model waited for data {facts['data_wait_share']:.0%} of the step time "
-                f"(threshold {self.data_wait_warn:.0%}). In this order: 1. more loader workers "
-                f"(--data.num_workers, now {workers}); 2. a lighter __getitem__ (decode and "
-                "augment offline, return tensors); 3. pinned memory on CUDA (--data.pin_memory "
-                "true); 4. precompute features once and load them as tensors."
+                f"The model waited for data {100 * facts['data_wait_share']:.0f}% of the step "
+                f"time (threshold {100 * self.data_wait_warn:.0f}%). In this order: 1. more "
+                f"loader workers (--data.num_workers, now {workers}); 2. a lighter __getitem__ "
+                "(decode and augment offline, return tensors); 3. pinned memory on CUDA "
+                "(--data.pin_memory true); 4. precompute features once and load them as tensors."
             )
