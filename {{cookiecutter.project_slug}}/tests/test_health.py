@@ -27,23 +27,27 @@ class SlowSplit(Dataset):
         return self.inner[index]
 
 
+def quiet_trainer(health: TrainingHealth, **kwargs) -> Trainer:
+    """A CPU Trainer with `health` and nothing else that writes or prints."""
+    return Trainer(
+        accelerator="cpu",
+        devices=1,
+        callbacks=[health],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        **kwargs,
+    )
+
+
 def fit_with_health(delay: float) -> tuple[TrainingHealth, list[str]]:
     datamodule = DataModule(batch_size=32, num_workers=0)
     datamodule.setup("fit")
     if delay:
         datamodule.splits = {k: SlowSplit(v, delay) for k, v in datamodule.splits.items()}
     health = TrainingHealth()
-    trainer = Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_steps=12,
-        limit_val_batches=1,
-        callbacks=[health],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = quiet_trainer(health, max_steps=12, limit_val_batches=1)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer.fit(Model(), datamodule)
@@ -100,17 +104,8 @@ def test_batchnorm_advice():
 
 
 def test_accumulating_a_batchnorm_model_warns_once():
-    trainer = Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_steps=2,
-        accumulate_grad_batches=4,
-        limit_val_batches=0,
-        callbacks=[TrainingHealth()],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
+    trainer = quiet_trainer(
+        TrainingHealth(), max_steps=2, accumulate_grad_batches=4, limit_val_batches=0
     )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -18,16 +18,9 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from {{ cookiecutter.package_name }}.callbacks import EnvironmentReport, FailureContext
 {%- if cookiecutter.example == "digits" %}
 from {{ cookiecutter.package_name }}.data import DigitsDataModule as DataModule
-from {{ cookiecutter.package_name }}.hardware import (
-    cuda_capabilities,
-    resolve_precision,
-    use_tensor_cores,
-)
-from {{ cookiecutter.package_name }}.health import TrainingHealth
-from {{ cookiecutter.package_name }}.hints import RUN_CONTEXT, explain
-from {{ cookiecutter.package_name }}.model import DigitsClassifier as Model
 {%- else %}
 from {{ cookiecutter.package_name }}.data import SyntheticRegressionDataModule as DataModule
+{%- endif %}
 from {{ cookiecutter.package_name }}.hardware import (
     cuda_capabilities,
     resolve_precision,
@@ -35,6 +28,9 @@ from {{ cookiecutter.package_name }}.hardware import (
 )
 from {{ cookiecutter.package_name }}.health import TrainingHealth
 from {{ cookiecutter.package_name }}.hints import RUN_CONTEXT, explain
+{%- if cookiecutter.example == "digits" %}
+from {{ cookiecutter.package_name }}.model import DigitsClassifier as Model
+{%- else %}
 from {{ cookiecutter.package_name }}.model import Regressor as Model
 {%- endif %}
 

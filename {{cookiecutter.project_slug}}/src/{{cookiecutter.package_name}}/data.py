@@ -76,9 +76,8 @@ class TensorDataModule(LightningDataModule):
             raise ValueError(f"data.batch_size={batch_size}: must be 1 or more")
         self.save_hyperparameters()
         self.batch_size = batch_size
-        self.loader_settings = resolve_loader_settings(
-            num_workers, pin_memory, cpus=available_cpus(), local_world_size=1, on_cuda=False
-        )
+        # Resolved in `setup`, once the data and the Trainer are known.
+        self.loader_settings: LoaderSettings | None = None
         self.splits: dict[str, Dataset] = {}
 
     def make_splits(self) -> dict[str, Dataset]:
