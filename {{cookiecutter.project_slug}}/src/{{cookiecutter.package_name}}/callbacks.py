@@ -15,44 +15,27 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
+from {{ cookiecutter.package_name }}.doctor import build_name, cuda_devices
 from {{ cookiecutter.package_name }}.hints import RUN_CONTEXT
-
-GIB = 1024**3
 
 
 def torch_build() -> str:
-    """'CUDA 12.4', 'ROCm 6.1' or 'CPU-only': what this torch was compiled for."""
-    if torch.version.cuda:
-        return f"CUDA {torch.version.cuda}"
-    if getattr(torch.version, "hip", None):
-        return f"ROCm {torch.version.hip}"
-    return "CPU-only"
+    """What this torch was compiled for: 'CUDA 12.4', 'ROCm 6.1' or 'CPU-only'."""
+    return build_name(torch.version.cuda, getattr(torch.version, "hip", None))
 
 
-def gpu_facts() -> list[dict[str, Any]]:
-    """Name and free/total memory of every visible CUDA device."""
-    gpus = []
-    if not torch.cuda.is_available():
-        return gpus
-    for index in range(torch.cuda.device_count()):
-        free, total = torch.cuda.mem_get_info(index)
-        gpus.append(
-            {
-                "index": index,
-                "name": torch.cuda.get_device_name(index),
-                "free_gib": round(free / GIB, 1),
-                "total_gib": round(total / GIB, 1),
-            }
-        )
-    return gpus
+def batch_sizes(trainer: Trainer) -> tuple[int | None, int | None]:
+    """(per-device batch size, x accumulation x world size), or Nones without a batch size."""
+    batch_size = getattr(getattr(trainer, "datamodule", None), "batch_size", None)
+    if not batch_size:
+        return None, None
+    return batch_size, batch_size * trainer.accumulate_grad_batches * trainer.world_size
 
 
 def collect_environment(trainer: Trainer) -> dict[str, Any]:
     """The facts of the report, as plain values (tests and scripts read these)."""
-    datamodule = getattr(trainer, "datamodule", None)
-    batch_size = getattr(datamodule, "batch_size", None)
-    loader = getattr(datamodule, "loader_settings", None)
-    accumulation = trainer.accumulate_grad_batches
+    batch_size, effective = batch_sizes(trainer)
+    loader = getattr(getattr(trainer, "datamodule", None), "loader_settings", None)
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     return {
         "torch": torch.__version__,
@@ -60,7 +43,7 @@ def collect_environment(trainer: Trainer) -> dict[str, Any]:
         "lightning": lightning.__version__,
         "cuda_available": torch.cuda.is_available(),
         "cudnn": cudnn,
-        "gpus": gpu_facts(),
+        "gpus": cuda_devices(),
         "accelerator": type(trainer.accelerator).__name__,
         "strategy": type(trainer.strategy).__name__,
         "devices": trainer.num_devices,
@@ -69,10 +52,8 @@ def collect_environment(trainer: Trainer) -> dict[str, Any]:
         "precision": trainer.precision,
         "matmul_precision": torch.get_float32_matmul_precision(),
         "batch_size": batch_size,
-        "accumulate_grad_batches": accumulation,
-        "effective_batch_size": (
-            batch_size * accumulation * trainer.world_size if batch_size else None
-        ),
+        "accumulate_grad_batches": trainer.accumulate_grad_batches,
+        "effective_batch_size": effective,
         "num_workers": getattr(loader, "num_workers", None),
         "pin_memory": getattr(loader, "pin_memory", None),
         "persistent_workers": getattr(loader, "persistent_workers", None),
@@ -132,7 +113,7 @@ class FailureContext(Callback):
             precision=trainer.precision,
             devices=trainer.num_devices,
             accumulate_grad_batches=trainer.accumulate_grad_batches,
-            batch_size=getattr(trainer.datamodule, "batch_size", None),
+            batch_size=batch_sizes(trainer)[0],
             cuda_device_count=torch.cuda.device_count(),
         )
 

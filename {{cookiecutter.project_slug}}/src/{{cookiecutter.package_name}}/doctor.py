@@ -58,6 +58,38 @@ def probe_nvidia_smi(timeout: float = 10.0) -> dict[str, Any] | None:
     return facts
 
 
+def build_name(cuda: str | None, hip: str | None) -> str:
+    """'CUDA 12.4', 'ROCm 6.1' or 'CPU-only': what a torch was compiled for."""
+    if cuda:
+        return f"CUDA {cuda}"
+    if hip:
+        return f"ROCm {hip}"
+    return "CPU-only"
+
+
+def cuda_devices() -> list[dict[str, Any]]:
+    """Name, compute capability, free/total memory and bf16 of each visible CUDA device."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    devices = []
+    for index in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(index)
+        free, total = torch.cuda.mem_get_info(index)
+        devices.append(
+            {
+                "index": index,
+                "name": props.name,
+                "capability": f"{props.major}.{props.minor}",
+                "free_gib": round(free / GIB, 1),
+                "total_gib": round(total / GIB, 1),
+                "bf16": props.major >= 8,
+            }
+        )
+    return devices
+
+
 def probe_torch() -> dict[str, Any]:
     """What torch was built with and what it can see."""
     try:
@@ -78,20 +110,8 @@ def probe_torch() -> dict[str, Any]:
     if facts["cudnn_available"]:
         facts["cudnn_version"] = torch.backends.cudnn.version()
     if facts["cuda_available"]:
-        facts["device_count"] = torch.cuda.device_count()
-        for index in range(facts["device_count"]):
-            props = torch.cuda.get_device_properties(index)
-            free, total = torch.cuda.mem_get_info(index)
-            facts["devices"].append(
-                {
-                    "index": index,
-                    "name": props.name,
-                    "capability": f"{props.major}.{props.minor}",
-                    "free_gib": round(free / GIB, 1),
-                    "total_gib": round(total / GIB, 1),
-                    "bf16": props.major >= 8,
-                }
-            )
+        facts["devices"] = cuda_devices()
+        facts["device_count"] = len(facts["devices"])
     dist = getattr(torch, "distributed", None)
     available = bool(dist is not None and dist.is_available())
     facts["distributed"] = {
@@ -231,9 +251,7 @@ def format_report(facts: dict[str, Any], findings: list[Finding]) -> str:
     t, smi = facts["torch"], facts["nvidia_smi"]
     lines = [f"Python {facts['python']} ({facts['platform']})"]
     if t.get("importable"):
-        build = f"CUDA {t['cuda_build']}" if t["cuda_build"] else "CPU-only"
-        if t["hip_build"]:
-            build = f"ROCm {t['hip_build']}"
+        build = build_name(t["cuda_build"], t["hip_build"])
         cudnn = "not available"
         if t["cudnn_available"]:
             cudnn = f"available, version {t['cudnn_version']}"

@@ -16,6 +16,8 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 
+from {{ cookiecutter.package_name }}.callbacks import batch_sizes
+
 MIB = 1024**2
 
 
@@ -74,7 +76,7 @@ class TrainingHealth(Callback):
             pl_module,
             trainer.world_size,
             trainer.accumulate_grad_batches,
-            getattr(trainer.datamodule, "batch_size", None),
+            batch_sizes(trainer)[0],
         )
         if advice:
             rank_zero_warn(advice)
@@ -109,17 +111,12 @@ class TrainingHealth(Callback):
             peak = torch.tensor(float(torch.cuda.max_memory_allocated(device)), device=device)
             gathered = pl_module.all_gather(peak).reshape(-1)
             peaks = [round(float(p) / MIB, 1) for p in gathered]
-        batch_size = getattr(trainer.datamodule, "batch_size", None)
         return {
             "steps": self.steps,
             "samples_per_s": round(self.samples * trainer.world_size / busy, 1) if busy else None,
             "data_wait_share": round(self.wait / busy, 3) if busy else None,
             "peak_memory_mib": peaks,
-            "effective_batch_size": (
-                batch_size * trainer.accumulate_grad_batches * trainer.world_size
-                if batch_size
-                else None
-            ),
+            "effective_batch_size": batch_sizes(trainer)[1],
         }
 
     def report(self, trainer: Trainer, pl_module: LightningModule, final: bool) -> None:
