@@ -16,11 +16,9 @@ ANSWERS = {
     "author_email": {{ cookiecutter.author_email | py_string }},
     "description": {{ cookiecutter.description | py_string }},
     "python_version": {{ cookiecutter.python_version | py_string }},
-    "example": {{ cookiecutter.example | py_string }},
 }
 
 SUPPORTED_PYTHON = ("3.10", "3.11", "3.12", "3.13")
-EXAMPLES = ("digits", "minimal")
 # Import names the rendered project depends on or its tests use; a package of
 # the same name would shadow them.
 DEPENDENCIES = {
@@ -30,6 +28,7 @@ DEPENDENCIES = {
     "torch",
     "torchmetrics",
     "tensorboard",
+    "mlflow",
     "jsonargparse",
     "numpy",
     "sklearn",
@@ -83,8 +82,8 @@ def problems(answers: dict) -> list:
             "python_version",
             "is not supported; choose one of " + ", ".join(SUPPORTED_PYTHON),
         )
-    if answers["example"] not in EXAMPLES:
-        bad("example", "must be one of " + ", ".join(EXAMPLES))
+    # Choices (example, logger, license) and yes/no questions are checked by
+    # cookiecutter itself before this hook runs.
     return found
 
 

@@ -34,12 +34,15 @@ def render(output_dir: Path, **answers: str) -> Path:
     )
 
 
-def run(cmd: list[str], cwd: Path, timeout: float = 600, **env: str) -> subprocess.CompletedProcess:
-    """Run `cmd`, failing with its output if it exits non-zero."""
+def run(
+    cmd: list[str], cwd: Path, timeout: float = 600, env: dict | None = None, **more_env: str
+) -> subprocess.CompletedProcess:
+    """Run `cmd` (in `env`, default this one's, plus `more_env`), failing with its
+    output if it exits non-zero."""
     result = subprocess.run(
         cmd,
         cwd=cwd,
-        env={**os.environ, **env},
+        env={**(os.environ if env is None else env), **more_env},
         capture_output=True,
         text=True,
         timeout=timeout,

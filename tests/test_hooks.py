@@ -86,3 +86,20 @@ def test_post_gen_prints_the_next_steps(tmp_path, capfd):
     err = capfd.readouterr().err
     assert "cd digit-lab" in err and "digit-lab fit" in err
     assert project.name == "digit-lab"
+
+
+# Choices and yes/no questions are checked by cookiecutter itself, before the
+# hook runs; the message names the value, the variable and the allowed values.
+BAD_CHOICES = [
+    ({"example": "mnist"}, "mnist provided for choice variable example, but the choices are"),
+    ({"logger": "wandb"}, "wandb provided for choice variable logger"),
+    ({"license": "GPL"}, "GPL provided for choice variable license"),
+    ({"cluster": "maybe"}, "maybe provided for variable cluster could not be converted"),
+]
+
+
+@pytest.mark.parametrize(("answers", "message"), BAD_CHOICES, ids=map(case_id, BAD_CHOICES))
+def test_bad_choice_is_refused_before_anything_is_written(tmp_path, answers, message):
+    with pytest.raises(ValueError, match=message):
+        render(tmp_path, **answers)
+    assert list(tmp_path.iterdir()) == []

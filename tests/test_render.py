@@ -1,23 +1,53 @@
 """Every supported combination renders the exact file set, clean, lint-free and valid."""
 
 import ast
+import os
 import py_compile
 import re
 import tomllib
+from itertools import product
 from pathlib import Path
 
 import pytest
-from conftest import python, render
+import yaml
+from conftest import python, render, run
 
-# One option changed at a time from the defaults, plus names that try to
-# break TOML and Python. `example` is the option that changes code.
-COMBINATIONS = [
-    {},
-    {"example": "minimal"},
-    {"python_version": "3.10"},
-    {"python_version": "3.12"},
-    {"python_version": "3.13"},
-    {"python_version": "3.10", "example": "minimal"},
+# The options, and a pairwise matrix over them: every value of every option at
+# least once, and every pair of values of two options together at least once
+# (the interactions: logger x cluster in the launch files, logger x example in
+# the configs, python x ci in the workflow...). Greedy, deterministic, starting
+# from the defaults.
+OPTIONS = {
+    "example": ["digits", "minimal"],
+    "logger": ["tensorboard", "csv", "mlflow"],
+    "license": ["MIT", "Apache-2.0", "BSD-3-Clause", "none"],
+    "cluster": [True, False],
+    "ci": [True, False],
+    "python_version": ["3.11", "3.10", "3.12", "3.13"],
+}
+DEFAULTS = {name: values[0] for name, values in OPTIONS.items()}
+
+
+def pairs_of(row: dict) -> set:
+    items = sorted(row.items())
+    return {(a, b) for i, a in enumerate(items) for b in items[i + 1 :]}
+
+
+def pairwise_matrix() -> list[dict]:
+    names = list(OPTIONS)
+    candidates = [dict(zip(names, values, strict=True)) for values in product(*OPTIONS.values())]
+    uncovered = set().union(*(pairs_of(row) for row in candidates))
+    rows = []
+    while uncovered:
+        best = DEFAULTS if not rows else max(candidates, key=lambda r: len(pairs_of(r) & uncovered))
+        rows.append(best)
+        uncovered -= pairs_of(best)
+    return rows
+
+
+MATRIX = pairwise_matrix()
+# Names that try to break TOML and Python, on the defaults.
+NAMES = [
     {"project_name": "Digit Lab"},
     {
         "project_name": 'Zoë\'s "Lab" \\ Ünïcode',
@@ -26,57 +56,58 @@ COMBINATIONS = [
         "author_email": "o.brien+lab@example.co.uk",
     },
 ]
+COMBINATIONS = MATRIX + NAMES
 
 
 def combination_id(answers: dict) -> str:
-    if not answers:
-        return "defaults"
     if "author_name" in answers:
         return "hostile-names"
-    return "-".join(f"{k}={v}" for k, v in answers.items()).replace(" ", "_")
+    if "project_name" in answers:
+        return answers["project_name"].replace(" ", "_")
+    answers = {**DEFAULTS, **answers}
+    return "-".join(
+        [
+            answers["example"],
+            answers["logger"],
+            f"license={answers['license']}",
+            "cluster" if answers["cluster"] else "no-cluster",
+            "ci" if answers["ci"] else "no-ci",
+            f"py{answers['python_version']}",
+        ]
+    )
 
 
-def expected_files(package: str) -> set[str]:
-    return {
+def expected_files(package: str, answers: dict) -> set[str]:
+    answers = {**DEFAULTS, **answers}
+    src = (
+        "__init__ __main__ callbacks checkpoints cli data doctor export hardware health hints model"
+    )
+    tests = (
+        "conftest instruments test_callbacks test_cli test_data test_ddp test_doctor test_export"
+        " test_faults test_gpu test_hardware test_health test_hints test_model"
+    )
+    configs = "accumulate ddp debug default gpu profile"
+    files = {
         ".gitignore",
+        ".pre-commit-config.yaml",
         "README.md",
         "pyproject.toml",
-        *(
-            f"configs/{name}.yaml"
-            for name in ("accumulate", "ddp", "debug", "default", "gpu", "profile")
-        ),
-        *(
-            f"src/{package}/{name}.py"
-            for name in (
-                "__init__",
-                "__main__",
-                "callbacks",
-                "cli",
-                "data",
-                "doctor",
-                "hardware",
-                "health",
-                "hints",
-                "model",
-            )
-        ),
-        *(
-            f"tests/{name}.py"
-            for name in (
-                "conftest",
-                "test_callbacks",
-                "test_cli",
-                "test_data",
-                "test_ddp",
-                "test_doctor",
-                "test_gpu",
-                "test_hardware",
-                "test_health",
-                "test_hints",
-                "test_model",
-            )
-        ),
+        *(f"configs/{name}.yaml" for name in configs.split()),
+        *(f"src/{package}/{name}.py" for name in src.split()),
+        *(f"tests/{name}.py" for name in tests.split()),
     }
+    if answers["cluster"]:
+        files |= {
+            "scripts/torchrun.sh",
+            "scripts/slurm.sbatch",
+            "k8s/pytorchjob.yaml",
+            "tests/test_cluster.py",
+        }
+    if answers["ci"]:
+        files.add(".github/workflows/ci.yml")
+    if answers["license"] != "none":
+        files.add("LICENSE")
+    return files
 
 
 def files_of(project: Path) -> set[str]:
@@ -95,17 +126,28 @@ def package_of(project: Path) -> str:
     ].split(".")[0]
 
 
+def test_matrix_covers_every_pair_of_option_values():
+    every_pair = set().union(
+        *(pairs_of(dict(zip(OPTIONS, v, strict=True))) for v in product(*OPTIONS.values()))
+    )
+    assert set().union(*(pairs_of(row) for row in MATRIX)) == every_pair
+    assert MATRIX[0] == DEFAULTS and len(MATRIX) <= 20
+
+
 def test_exact_file_set(rendered):
-    _, project = rendered
-    assert files_of(project) == expected_files(package_of(project))
+    answers, project = rendered
+    assert files_of(project) == expected_files(package_of(project), answers)
 
 
 def test_nothing_of_the_template_survives(rendered):
     _, project = rendered
-    leftovers = re.compile(r"\{\{|\}\}|\{%|%\}|cookiecutter", re.IGNORECASE)
+    leftovers = re.compile(r"\{\{|\}\}|\{%|%\}|cookiecutter\.", re.IGNORECASE)
+    github_expression = re.compile(r"\$\{\{ [\w.]+ \}\}")  # meant for GitHub Actions
     for relative in sorted(files_of(project)):
         assert not leftovers.search(relative), relative
         text = (project / relative).read_text(encoding="utf-8")
+        if relative.startswith(".github/"):
+            text = github_expression.sub("", text)
         match = leftovers.search(text)
         assert match is None, f"{relative}: {text[max(0, match.start() - 60) : match.end() + 60]!r}"
 
@@ -138,6 +180,81 @@ def test_pyproject_round_trips_every_answer(rendered):
     assert project_table["scripts"][project.name] == f"{package}.__main__:console_main"
     has_sklearn = any(dep.startswith("scikit-learn") for dep in project_table["dependencies"])
     assert has_sklearn == (want.get("example", "digits") == "digits")
+    license = {**DEFAULTS, **answers}["license"]
+    if license == "none":
+        assert "license" not in project_table
+    else:
+        assert project_table["license"] == license
+        assert project_table["license-files"] == ["LICENSE"]
+        assert (project / "LICENSE").read_text().count("\n") > 15
+
+
+LOGGER_PACKAGE = {"tensorboard": "tensorboard", "csv": None, "mlflow": "mlflow-skinny"}
+LOGGER_CLASS = {"tensorboard": "TensorBoardLogger", "csv": "CSVLogger", "mlflow": "MLFlowLogger"}
+
+
+def test_only_the_chosen_logger_is_configured_and_installed(rendered):
+    answers, project = rendered
+    logger = {**DEFAULTS, **answers}["logger"]
+    dependencies = tomllib.loads((project / "pyproject.toml").read_text())["project"][
+        "dependencies"
+    ]
+    names = {re.split(r"[<>=\[]", dep)[0] for dep in dependencies}
+    for choice, package in LOGGER_PACKAGE.items():
+        if package:
+            assert (package in names) == (choice == logger), (package, names)
+    default = yaml.safe_load((project / "configs" / "default.yaml").read_text())
+    assert default["trainer"]["logger"]["class_path"].endswith("." + LOGGER_CLASS[logger])
+    cli = (project / "src" / package_of(project) / "cli.py").read_text()
+    assert [c for c in LOGGER_CLASS.values() if f"loggers.{c}" in cli] == [LOGGER_CLASS[logger]]
+
+
+def test_readme_mentions_only_what_was_chosen(rendered):
+    answers, project = rendered
+    chosen = {**DEFAULTS, **answers}
+    readme = (project / "README.md").read_text(encoding="utf-8")
+    assert ("TensorBoard" in readme) == (chosen["logger"] == "tensorboard")
+    assert ("metrics.csv" in readme) == (chosen["logger"] == "csv")
+    assert ("MLflow" in readme) == (chosen["logger"] == "mlflow")
+    for word in ("## Scaling out", "scripts/torchrun.sh", "slurm.sbatch", "pytorchjob.yaml"):
+        assert (word in readme) == chosen["cluster"], word
+    assert ("ci.yml" in readme) == chosen["ci"]
+    if chosen["license"] == "none":
+        assert "No license was chosen" in readme
+    else:
+        assert f"{chosen['license']}, see `LICENSE`" in readme
+
+
+def test_launch_scripts_are_executable_and_valid(rendered):
+    answers, project = rendered
+    if not {**DEFAULTS, **answers}["cluster"]:
+        assert not (project / "scripts").exists() and not (project / "k8s").exists()
+        return
+    for script in ("scripts/torchrun.sh", "scripts/slurm.sbatch"):
+        assert os.access(project / script, os.X_OK), script
+        run(["bash", "-n", script], cwd=project)
+    assert yaml.safe_load((project / "k8s" / "pytorchjob.yaml").read_text())["kind"] == "PyTorchJob"
+
+
+def test_rendered_workflow_is_valid_yaml_with_the_checks(rendered):
+    answers, project = rendered
+    chosen = {**DEFAULTS, **answers}
+    path = project / ".github" / "workflows" / "ci.yml"
+    if not chosen["ci"]:
+        assert not (project / ".github").exists()
+        return
+    text = path.read_text()
+    workflow = yaml.safe_load(text)
+    job = workflow["jobs"]["test"]
+    assert set(workflow[True]) == {"push", "pull_request"}  # YAML 1.1 reads `on:` as True
+    versions = job["strategy"]["matrix"]["python"]
+    assert versions[0] == chosen["python_version"] and versions[-1] == "3.13"
+    runs = [step.get("run", "") for step in job["steps"]]
+    assert any("torch" in r and "TORCH_INDEX_URL" in r for r in runs)
+    assert runs.index('python -m pip install -e ".[dev]"') > 0
+    assert {"ruff check .", "ruff format --check .", "python -m pytest"} <= set(runs)
+    # GitHub's own expressions arrive as written, not as template syntax.
+    assert "${{ matrix.python }}" in text and "${{ vars.TORCH_INDEX_URL }}" in text
 
 
 def test_python_files_compile_and_name_is_kept(rendered):

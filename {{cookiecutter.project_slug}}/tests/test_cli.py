@@ -3,13 +3,10 @@
 import pytest
 import torch
 import yaml
-from conftest import CONFIGS, load_checkpoint, run_cli
+from conftest import CONFIGS, load_checkpoint, logged_scalars, run_cli, run_dirs
 from lightning.pytorch.profilers import SimpleProfiler
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from {{ cookiecutter.package_name }}.cli import MONITOR, main
-
-LOG_DIR = "logs/{{ cookiecutter.example }}/version_0"
 
 
 def printed_config(capsys, *args: str) -> dict:
@@ -92,22 +89,16 @@ def test_fast_dev_run_with_each_config(path, workdir):
         assert CONFIG_EFFECTS[path.name](trainer)
 
 
-def scalars(log_dir) -> dict[str, list[float]]:
-    events = EventAccumulator(str(log_dir))
-    events.Reload()
-    return {tag: [e.value for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
-
-
 @pytest.mark.slow
 def test_default_fit_reaches_the_target_then_validate_test_predict(workdir):
     cli = main(["fit"])
-    log_dir = workdir / LOG_DIR
+    (log_dir,) = run_dirs(workdir)
     checkpoint = cli.trainer.checkpoint_callback
     best = log_dir / "checkpoints" / checkpoint.best_model_path.split("/")[-1]
     assert best.name.startswith("best-") and best.exists()
     assert (log_dir / "checkpoints" / "last.ckpt").exists()
     assert (log_dir / "config.yaml").exists()
-    logged = scalars(log_dir)
+    logged = logged_scalars(log_dir)
     assert {"train/loss", "val/loss"} <= set(logged)
     assert load_checkpoint(best)["global_step"] > 0
 {%- if cookiecutter.example == "digits" %}

@@ -1,9 +1,11 @@
-"""Two CPU processes under DDP (gloo): one set of outputs, metrics synced over ranks."""
+"""Two CPU processes under DDP (gloo): each rank its own shard, reshuffled every
+epoch; one set of outputs; metrics synced over ranks."""
 
 import pytest
-from conftest import load_checkpoint, run_cli
+from conftest import load_checkpoint, logged_scalars, run_cli, run_dirs
+from instruments import read_records
 
-from {{ cookiecutter.package_name }}.cli import MONITOR, main
+from {{ cookiecutter.package_name }}.cli import MONITOR, DataModule, main
 
 
 @pytest.mark.slow
@@ -14,22 +16,41 @@ def test_fit_with_two_processes_writes_once_and_syncs_metrics(workdir):
         "--trainer.devices=2",
         "--trainer.strategy=ddp",
         "--trainer.max_epochs=2",
+        "--trainer.callbacks+=instruments.Instruments",
         cwd=workdir,
         timeout=600,
+        env={"INSTRUMENTS_RECORD": str(workdir / "seen")},
     )
+    # The two traps of DDP by hand: each rank must get its own part of the data
+    # (a DistributedSampler), and a new order every epoch (its set_epoch).
+    records = read_records(workdir / "seen")
+    seen = {(r["rank"], r["epoch"]): r["indices"] for r in records}
+    assert sorted(seen) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert {r["sampler"] for r in records} == {"DistributedSampler"}
+    assert {r["world_size"] for r in records} == {2}
+    train_size = len(DataModule().make_splits()["train"])
+    for epoch in (0, 1):
+        rank0, rank1 = seen[0, epoch], seen[1, epoch]
+        assert set(rank0) | set(rank1) == set(range(train_size))
+        # An odd count is padded by repeating one sample: at most world_size - 1 extra.
+        padding = len(rank0) + len(rank1) - train_size
+        assert 0 <= padding < 2 and len(set(rank0) & set(rank1)) <= padding
+    assert seen[0, 0] != seen[0, 1] and set(seen[0, 0]) != set(seen[0, 1])
+
     # Rank 0 alone prints the report, and it sees the whole world.
     assert result.stderr.count("Environment\n") == 1
     assert "strategy: DDPStrategy | devices 2 x nodes 1 = world size 2" in result.stderr
     assert "loader: num_workers 0" in result.stderr  # tensors in memory need none
 
     # One run directory, one config, one best and one last checkpoint.
-    runs = sorted((workdir / "logs" / "{{ cookiecutter.example }}").iterdir())
-    assert [run.name for run in runs] == ["version_0"]
+    runs = run_dirs(workdir)
+    assert len(runs) == 1
     checkpoints = sorted(p.name for p in (runs[0] / "checkpoints").iterdir())
     assert len(checkpoints) == 2 and checkpoints[0].startswith("best-")
     assert checkpoints[1] == "last.ckpt"
     assert (runs[0] / "config.yaml").exists()
-    assert len(list(runs[0].glob("events.out.tfevents.*"))) == 1
+    # Two epochs, logged once each: rank 1 wrote nothing.
+    assert len(logged_scalars(runs[0])["val/loss"]) == 2
 
     # The monitored value rank 0 saved is the metric over the whole val set
     # (both ranks' halves), so it equals a single-process validation.

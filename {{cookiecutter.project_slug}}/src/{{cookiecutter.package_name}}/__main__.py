@@ -1,7 +1,8 @@
 """The `{{ cookiecutter.project_slug }}` command, also `python -m {{ cookiecutter.package_name }}`.
 
 `doctor` is dispatched before Lightning is imported, so it works (and is fast)
-even when Lightning's install is broken; everything else is the Lightning CLI.
+even when Lightning's install is broken; `export` has its own small parser;
+everything else is the Lightning CLI.
 """
 
 import sys
@@ -14,6 +15,10 @@ def main(argv: list[str] | None = None) -> int:
         from {{ cookiecutter.package_name }}.doctor import main as doctor
 
         return doctor(words[1:])
+    if words[:1] == ["export"]:
+        from {{ cookiecutter.package_name }}.export import main as export
+
+        return export(words[1:])
     from {{ cookiecutter.package_name }}.cli import run
 
     return run(argv)

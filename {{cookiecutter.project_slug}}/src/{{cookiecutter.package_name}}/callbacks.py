@@ -7,12 +7,16 @@ sizes and loader settings. A wrong line here (a CPU build of torch, one device
 where you asked for eight) is cheaper to spot than a slow week.
 """
 
+import csv
+from collections.abc import Sequence
 from itertools import chain
+from pathlib import Path
 from typing import Any
 
 import lightning
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.utilities import rank_zero_info
 
 from {{ cookiecutter.package_name }}.doctor import build_name, cuda_devices
@@ -127,3 +131,50 @@ class FailureContext(Callback):
             device: names[:4] + ([f"... {len(names) - 4} more"] if len(names) > 4 else [])
             for device, names in where.items()
         }
+
+
+class PredictionWriter(BasePredictionWriter):
+    """`predict` writes its outputs to a CSV file: the sample's index in the
+    predict set, then the model's `prediction_columns` (for the digits model:
+    predicted class and its probability).
+
+    `--predictions.output` sets the file (default `predictions.csv`). Under DDP
+    every rank writes its own share, `<stem>.rank<R>.csv`; the indices say
+    where each row belongs.
+    """
+
+    def __init__(self, output: str = "predictions.csv") -> None:
+        super().__init__(write_interval="epoch")
+        self.output = output
+
+    def path(self, trainer: Trainer) -> Path:
+        path = Path(self.output)
+        if trainer.world_size > 1:
+            path = path.with_name(f"{path.stem}.rank{trainer.global_rank}{path.suffix}")
+        return path
+
+    def write_on_epoch_end(
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        predictions: Sequence[Any],
+        batch_indices: Sequence[Any],
+    ) -> None:
+        # `batch_indices` is per dataloader, then per batch; `predictions` is per
+        # batch when there is one dataloader.
+        if len(batch_indices) != 1:
+            raise ValueError(f"one predict dataloader can be written, not {len(batch_indices)}")
+        columns = None
+        rows = []
+        for outputs, indices in zip(predictions, batch_indices[0], strict=True):
+            named = pl_module.prediction_columns(outputs)
+            columns = columns or list(named)
+            values = [column.detach().cpu().tolist() for column in named.values()]
+            rows += [[index, *row] for index, *row in zip(indices, *values, strict=True)]
+        path = self.path(trainer)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w", newline="") as file:
+            writer = csv.writer(file)
+            writer.writerow(["index", *(columns or [])])
+            writer.writerows(sorted(rows))
+        rank_zero_info(f"Wrote {len(rows)} predictions to {path}")

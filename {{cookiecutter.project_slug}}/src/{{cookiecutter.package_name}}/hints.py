@@ -188,6 +188,21 @@ HINTS: tuple[Hint, ...] = (
         causes=("an incomplete or unusual torch install",),
         fixes=(f"reinstall torch (faster than debugging it); `{COMMAND} doctor` checks it",),
     ),
+    Hint(
+        symptom="Weights only load failed ... Unsupported global",
+        pattern=r"Weights only load failed",
+        meaning="The checkpoint holds pickled objects besides tensors and plain values;"
+        " loading it that way could run any code, so it was refused.",
+        causes=(
+            "a checkpoint saved with custom objects in its hyperparameters or state",
+            "a file from a source you do not control",
+        ),
+        fixes=(
+            "a checkpoint you trust can be made plain once: `torch.load(path, weights_only=False)`,"
+            " replace the objects by plain values, `torch.save` it",
+            "keep hyperparameters plain: `save_hyperparameters(ignore=[...])` for objects",
+        ),
+    ),
 )
 
 

@@ -105,6 +105,12 @@ class DigitsClassifier(LightningModule):
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
         return self(x).softmax(dim=1)
 
+    @staticmethod
+    def prediction_columns(probabilities: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The columns `predict` writes for a batch of `predict_step` outputs."""
+        probability, predicted = probabilities.max(dim=1)
+        return {"predicted": predicted, "probability": probability}
+
     def configure_optimizers(self):
         # Called by Lightning after the model is on its device, so the
         # optimizer's state is created where the parameters are.
@@ -186,6 +192,11 @@ class Regressor(LightningModule):
     def predict_step(self, batch, batch_idx: int) -> torch.Tensor:
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
         return self(x)
+
+    @staticmethod
+    def prediction_columns(outputs: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The columns `predict` writes for a batch of `predict_step` outputs."""
+        return {"prediction": outputs[:, 0]}
 
     def configure_optimizers(self):
         # Called by Lightning after the model is on its device, so the

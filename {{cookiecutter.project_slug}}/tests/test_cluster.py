@@ -1,0 +1,157 @@
+"""The launch files: torchrun over two simulated nodes, the SLURM script and
+the Kubernetes job, each checked for the counts it gives the trainer."""
+
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import PROJECT_ROOT, cli_env, failure, run_dirs
+from instruments import read_records
+
+from {{ cookiecutter.package_name }}.cli import DataModule
+
+TORCHRUN = PROJECT_ROOT / "scripts" / "torchrun.sh"
+SBATCH = PROJECT_ROOT / "scripts" / "slurm.sbatch"
+PYTORCHJOB = PROJECT_ROOT / "k8s" / "pytorchjob.yaml"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def flag(words: list[str], name: str) -> str:
+    """The value of `name=value` in a list of command-line words."""
+    (value,) = [word.split("=", 1)[1] for word in words if word.startswith(f"{name}=")]
+    return value
+
+
+@pytest.mark.slow
+def test_torchrun_two_nodes_over_loopback(workdir):
+    """Two torchrun agents, one process each, as two nodes would run them."""
+    port = free_port()
+    env = cli_env(
+        {
+            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
+            "INSTRUMENTS_RECORD": str(workdir / "seen"),
+        }
+    )
+    agents = [
+        subprocess.Popen(
+            ["bash", str(TORCHRUN), "--nnodes", "2", "--node-rank", str(rank)]
+            + ["--nproc-per-node", "1", "--master-port", str(port), "--"]
+            + ["fit", "--trainer.accelerator=cpu", "--trainer.max_epochs=1"]
+            + ["--trainer.callbacks+=instruments.Instruments"],
+            cwd=workdir,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    results = []
+    for agent in agents:
+        stdout, stderr = agent.communicate(timeout=300)
+        results.append(subprocess.CompletedProcess(agent.args, agent.returncode, stdout, stderr))
+    for result in results:
+        assert result.returncode == 0, failure("torchrun.sh", result)
+
+    # Both ranks joined one world of two, each on its own shard.
+    records = read_records(workdir / "seen")
+    assert sorted((r["rank"], r["world_size"]) for r in records) == [(0, 2), (1, 2)]
+    rank0, rank1 = (set(r["indices"]) for r in records)
+    assert len(rank0 | rank1) == len(DataModule().make_splits()["train"])
+    assert len(rank0 & rank1) <= 1  # an odd count is padded with one repeat
+    assert "devices 1 x nodes 2 = world size 2" in results[0].stderr
+    # One run, one set of checkpoints, written by global rank 0 alone.
+    (run,) = run_dirs(workdir)
+    names = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert len(names) == 2 and names[0].startswith("best-") and names[1] == "last.ckpt"
+
+
+def test_torchrun_script_refuses_bad_counts(tmp_path):
+    result = subprocess.run(
+        ["bash", str(TORCHRUN), "--nnodes", "2", "--node-rank", "2"],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2
+    assert "--node-rank 2 must be less than --nnodes 2" in result.stderr
+    result = subprocess.run(
+        ["bash", str(TORCHRUN), "--nproc-per-node", "four"], capture_output=True, text=True
+    )
+    assert result.returncode == 2
+    assert "--nproc-per-node 'four' must be a whole number" in result.stderr
+
+
+def sbatch_options() -> dict[str, str]:
+    lines = [line for line in SBATCH.read_text().splitlines() if line.startswith("#SBATCH ")]
+    options = [line.removeprefix("#SBATCH --").partition("=") for line in lines]
+    return {name: value for name, _, value in options}
+
+
+def test_slurm_script_is_valid_bash_and_preemptible():
+    subprocess.run(["bash", "-n", str(SBATCH)], check=True)
+    options = sbatch_options()
+    assert options["signal"] == "SIGUSR1@90"  # Lightning's SLURM requeue signal, 90 s ahead
+    assert options["requeue"] == ""  # and comes back
+
+
+def test_slurm_script_gives_the_trainer_its_counts(tmp_path):
+    """Run the script as SLURM would, with `srun` replaced by a recorder."""
+    options = sbatch_options()
+    nodes, tasks = int(options["nodes"]), int(options["ntasks-per-node"])
+    assert options["gres"] == f"gpu:{tasks}"  # one task per GPU
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "srun").write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "$SRUN_ARGS"\n')
+    (fake / "srun").chmod(0o755)
+    env = {
+        **os.environ,
+        "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}",
+        "SRUN_ARGS": str(tmp_path / "args"),
+        # What SLURM sets from the #SBATCH lines.
+        "SLURM_JOB_ID": "1234",
+        "SLURM_JOB_NUM_NODES": str(nodes),
+        "SLURM_NTASKS_PER_NODE": str(tasks),
+    }
+    command = ["bash", str(SBATCH), "--data.batch_size=128"]
+    subprocess.run(command, env=env, check=True, cwd=tmp_path)
+    words = (tmp_path / "args").read_text().splitlines()
+    assert words[:4] == ["python", "-m", "{{ cookiecutter.package_name }}", "fit"]
+    assert flag(words, "--trainer.num_nodes") == str(nodes)
+    assert flag(words, "--trainer.devices") == str(tasks)
+    assert flag(words, "--ckpt_path") == "last"
+    assert flag(words, "--trainer.default_root_dir") == "runs/slurm-1234"
+{%- if cookiecutter.logger != "mlflow" %}
+    assert flag(words, "--trainer.logger.init_args.version") == "slurm-1234"
+{%- endif %}
+    assert words[-1] == "--data.batch_size=128"  # extra flags pass through
+
+
+def test_pytorchjob_runs_the_cli_under_torchrun_with_consistent_counts():
+    job = yaml.safe_load(PYTORCHJOB.read_text())
+    assert (job["apiVersion"], job["kind"]) == ("kubeflow.org/v1", "PyTorchJob")
+    specs = job["spec"]["pytorchReplicaSpecs"]
+    assert set(specs) == {"Master", "Worker"} and specs["Master"]["replicas"] == 1
+    pods = sum(spec["replicas"] for spec in specs.values())
+    for spec in specs.values():
+        (container,) = spec["template"]["spec"]["containers"]
+        command = container["command"]
+        assert command[0] == "torchrun"
+        module = command.index("-m")
+        assert command[module + 1 : module + 3] == ["{{ cookiecutter.package_name }}", "fit"]
+        gpus = container["resources"]["limits"]["nvidia.com/gpu"]
+        assert flag(command, "--nnodes") == flag(command, "--trainer.num_nodes") == str(pods)
+        assert flag(command, "--nproc_per_node") == flag(command, "--trainer.devices") == str(gpus)
+        assert flag(command, "--node_rank") == "$(RANK)"
+        assert flag(command, "--ckpt_path") == "last"
+        assert "/dev/shm" in [mount["mountPath"] for mount in container["volumeMounts"]]
+    assert re.fullmatch(r"[a-z0-9-]+", job["metadata"]["name"])  # a valid Kubernetes name
