@@ -85,8 +85,17 @@ def test_resume_after_sigkill_continues_from_the_last_checkpoint(workdir):
     assert reached_target(best_score(final)), best_score(final)
 
 
+# What a scheduler sends before it kills a job, and Ctrl-C.
+STOPS = {
+    "SIGTERM": (signal.SIGTERM, 143, "stopped by SIGTERM; resume with `fit --ckpt_path last`"),
+    "SIGINT": (signal.SIGINT, 1, "Detected KeyboardInterrupt, attempting graceful shutdown"),
+}
+
+
 @pytest.mark.slow
-def test_sigterm_saves_a_checkpoint_exits_nonzero_and_resumes(workdir):
+@pytest.mark.parametrize("stop", STOPS.values(), ids=STOPS.keys())
+def test_a_stop_signal_saves_a_checkpoint_exits_nonzero_and_resumes(workdir, stop):
+    sent, exit_code, message = stop
     marker = workdir / "paused"
     first = start_cli(
         "fit",
@@ -96,10 +105,9 @@ def test_sigterm_saves_a_checkpoint_exits_nonzero_and_resumes(workdir):
         env=instruments_env(workdir, "first", pause_epoch=1, pause_marker=marker),
     )
     wait_for(marker, first)
-    first.send_signal(signal.SIGTERM)
-    assert first.wait(timeout=120) == 143
-    stderr = (workdir / "stderr.txt").read_text()
-    assert "stopped by SIGTERM; resume with `fit --ckpt_path last`" in stderr
+    first.send_signal(sent)
+    assert first.wait(timeout=120) == exit_code
+    assert message in (workdir / "stderr.txt").read_text()
     (run,) = run_dirs(workdir)
     interrupted = run / "checkpoints" / "interrupted.ckpt"
     saved = load_checkpoint(interrupted)

@@ -26,6 +26,11 @@ REAL_MESSAGES = [
     ("No supported gpu backend found!", "`CUDAAccelerator` can not run"),
     ("SyncBatchNorm layers only work with GPU modules", "SyncBatchNorm"),
     ("Timed out after 31 seconds waiting for clients. 1/2 clients joined.", None),
+    (
+        "[../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:4995. This"
+        " is typically caused by a remote worker crashing.",
+        "NCCL/gloo timeout or connection error",
+    ),
     ("No module named 'torch.distributed'", "No module named 'torch.distributed'"),
 ]
 
@@ -188,5 +193,5 @@ def test_process_group_init_timeout_under_ddp(workdir):
     )
     assert result.returncode == 1
     assert "DistStoreError" in result.stderr or "Timed out" in result.stderr
-    assert "Hint: NCCL/gloo timeout or connection error at process-group init" in result.stderr
+    assert "Hint: NCCL/gloo timeout or connection error between ranks" in result.stderr
     assert "MASTER_ADDR" in result.stderr

@@ -163,17 +163,19 @@ HINTS: tuple[Hint, ...] = (
         fixes=("add `--trainer.sync_batchnorm false` on CPUs",),
     ),
     Hint(
-        symptom="NCCL/gloo timeout or connection error at process-group init",
+        symptom="NCCL/gloo timeout or connection error between ranks",
         pattern=r"DistNetworkError|DistStoreError|Timed out initializing process group"
         r"|TCPStore.*([Tt]imed out|[Tt]imeout|refused)|gloo.*[Tt]imed out|Socket Timeout"
+        r"|Connection closed by peer"
         r"|NCCL error|Watchdog caught collective operation timeout",
-        meaning="The ranks could not all meet: some never started, or cannot reach rank 0.",
+        meaning="The ranks could not all meet or lost each other: some never started,"
+        " cannot reach rank 0, or died.",
         causes=(
             "world size mismatch: `--trainer.num_nodes` x `--trainer.devices` differs from the"
             " processes actually started",
             "`MASTER_ADDR`/`MASTER_PORT` unreachable from other nodes (firewall, wrong address)",
             "NCCL or gloo bound to the wrong network interface",
-            "a rank crashed before init; its own log has the first error",
+            "a rank crashed (before init or mid-run); its own log has the first error",
         ),
         fixes=(
             "start the same command on every node with the same `MASTER_ADDR` and `MASTER_PORT`",
