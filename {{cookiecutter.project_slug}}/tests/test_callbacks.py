@@ -1,6 +1,7 @@
 """The environment report says what the run will really use."""
 
 import logging
+from types import SimpleNamespace
 
 import torch
 from lightning.pytorch import Trainer
@@ -12,6 +13,7 @@ from {{ cookiecutter.package_name }}.callbacks import (
     torch_build,
 )
 from {{ cookiecutter.package_name }}.cli import DataModule, Model
+from {{ cookiecutter.package_name }}.doctor import cuda_devices
 
 GPU_FACTS = {
     "torch": "2.5.1+cu124",
@@ -22,6 +24,8 @@ GPU_FACTS = {
     "gpus": [
         {"index": 0, "name": "NVIDIA H100 80GB HBM3", "free_gib": 78.9, "total_gib": 79.1},
         {"index": 1, "name": "NVIDIA H100 80GB HBM3", "free_gib": 12.5, "total_gib": 79.1},
+        # Another rank's device: its free memory is not asked for.
+        {"index": 2, "name": "NVIDIA H100 80GB HBM3", "free_gib": None, "total_gib": 79.1},
     ],
     "accelerator": "CUDAAccelerator",
     "strategy": "DDPStrategy",
@@ -48,6 +52,7 @@ def test_report_of_a_multi_gpu_run_shows_every_fact():
         "CUDA available: True",
         "GPU 0: NVIDIA H100 80GB HBM3 | 78.9 GiB free of 79.1 GiB",
         "GPU 1: NVIDIA H100 80GB HBM3 | 12.5 GiB free of 79.1 GiB",
+        "GPU 2: NVIDIA H100 80GB HBM3 | 79.1 GiB\n",
         "accelerator: CUDAAccelerator | strategy: DDPStrategy",
         "devices 2 x nodes 2 = world size 4",
         "precision: bf16-mixed | float32 matmul: high",
@@ -104,3 +109,21 @@ def test_facts_without_a_datamodule_leave_batch_lines_out():
     assert facts["batch_size"] is None and facts["num_workers"] is None
     report = format_environment(facts)
     assert "batch:" not in report and "loader:" not in report
+
+
+def test_free_memory_is_asked_of_the_own_device_only(monkeypatch):
+    """mem_get_info opens a CUDA context on the device it asks: a rank asks its own."""
+    asked = []
+    props = SimpleNamespace(name="NVIDIA H200", major=9, minor=0, total_memory=140 * 1024**3)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
+    monkeypatch.setattr(
+        torch.cuda, "mem_get_info", lambda index: asked.append(index) or (70 * 1024**3, 0)
+    )
+    devices = cuda_devices(free_of={1})
+    assert asked == [1]
+    assert [d["free_gib"] for d in devices] == [None, 70.0, None]
+    assert [d["total_gib"] for d in devices] == [140.0] * 3
+    cuda_devices()  # doctor: every device
+    assert asked == [1, 0, 1, 2]

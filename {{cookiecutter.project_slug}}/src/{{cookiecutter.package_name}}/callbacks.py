@@ -2,7 +2,7 @@
 
 `EnvironmentReport` prints, once on rank 0 when fit starts, everything that
 decides where and how fast the run goes: versions and build of torch, the GPUs
-and their free memory, accelerator, strategy, world size, precision, batch
+(the free memory of its own), accelerator, strategy, world size, precision, batch
 sizes and loader settings. A wrong line here (a CPU build of torch, one device
 where you asked for eight) is cheaper to spot than a slow week.
 """
@@ -41,13 +41,16 @@ def collect_environment(trainer: Trainer) -> dict[str, Any]:
     batch_size, effective = batch_sizes(trainer)
     loader = getattr(getattr(trainer, "datamodule", None), "loader_settings", None)
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    device = trainer.strategy.root_device
     return {
         "torch": torch.__version__,
         "torch_build": torch_build(),
         "lightning": lightning.__version__,
         "cuda_available": torch.cuda.is_available(),
         "cudnn": cudnn,
-        "gpus": cuda_devices(),
+        # Free memory of this rank's own device only: asking another device
+        # would open a CUDA context on it, memory taken from its own rank.
+        "gpus": cuda_devices(free_of={device.index or 0} if device.type == "cuda" else ()),
         "accelerator": type(trainer.accelerator).__name__,
         "strategy": type(trainer.strategy).__name__,
         "devices": trainer.num_devices,
@@ -72,6 +75,8 @@ def format_environment(facts: dict[str, Any]) -> str:
     ]
     lines += [
         f"GPU {g['index']}: {g['name']} | {g['free_gib']} GiB free of {g['total_gib']} GiB"
+        if g["free_gib"] is not None
+        else f"GPU {g['index']}: {g['name']} | {g['total_gib']} GiB"
         for g in facts["gpus"]
     ]
     lines.append(
@@ -103,9 +108,9 @@ class EnvironmentReport(Callback):
         self.facts: dict[str, Any] = {}
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        # Every rank collects (cheap, no communication); only rank 0 prints.
-        self.facts = collect_environment(trainer)
-        rank_zero_info(format_environment(self.facts))
+        if trainer.is_global_zero:  # one report per run; no communication needed
+            self.facts = collect_environment(trainer)
+            rank_zero_info(format_environment(self.facts))
 
 
 class FailureContext(Callback):

@@ -18,6 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Container
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from typing import Any
@@ -67,8 +68,13 @@ def build_name(cuda: str | None, hip: str | None) -> str:
     return "CPU-only"
 
 
-def cuda_devices() -> list[dict[str, Any]]:
-    """Name, compute capability, free/total memory and bf16 of each visible CUDA device."""
+def cuda_devices(free_of: Container[int] | None = None) -> list[dict[str, Any]]:
+    """Name, compute capability, free/total memory and bf16 of each visible CUDA device.
+
+    Free memory needs a CUDA context on the device (a few hundred MB of its
+    memory): with `free_of`, only those devices are asked, the others report
+    `free_gib` None. A training rank asks for its own device only.
+    """
     import torch
 
     if not torch.cuda.is_available():
@@ -76,14 +82,16 @@ def cuda_devices() -> list[dict[str, Any]]:
     devices = []
     for index in range(torch.cuda.device_count()):
         props = torch.cuda.get_device_properties(index)
-        free, total = torch.cuda.mem_get_info(index)
+        free = None
+        if free_of is None or index in free_of:
+            free = round(torch.cuda.mem_get_info(index)[0] / GIB, 1)
         devices.append(
             {
                 "index": index,
                 "name": props.name,
                 "capability": f"{props.major}.{props.minor}",
-                "free_gib": round(free / GIB, 1),
-                "total_gib": round(total / GIB, 1),
+                "free_gib": free,
+                "total_gib": round(props.total_memory / GIB, 1),
                 "bf16": props.major >= 8,
             }
         )
