@@ -55,5 +55,11 @@ def run(
     return result
 
 
+def env_without_mlflow_uri() -> dict:
+    """This environment minus MLFLOW_TRACKING_URI, so an MLflow project logs into its
+    own ./mlruns, never into a server or another test's store."""
+    return {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+
+
 def python(*args: str, cwd: Path, timeout: float = 600, **env: str) -> subprocess.CompletedProcess:
     return run([sys.executable, *args], cwd=cwd, timeout=timeout, **env)

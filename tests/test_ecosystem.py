@@ -11,7 +11,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 import pytest
-from conftest import TEMPLATE, render, run
+from conftest import TEMPLATE, env_without_mlflow_uri, render, run
 from packaging.requirements import Requirement
 
 BIN = Path(sys.executable).parent
@@ -130,7 +130,7 @@ def read_metrics(project: Path, logger: str) -> tuple[Path, set[str]]:
 @pytest.mark.parametrize("logger", ["tensorboard", "csv", "mlflow"])
 def test_each_logger_writes_its_metrics_config_and_checkpoints_into_one_run(tmp_path, logger):
     project = render(tmp_path, example="minimal", logger=logger)
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env = env_without_mlflow_uri()
     run(
         [sys.executable, "-m", "my_lightning_project", "fit", "--trainer.max_epochs=2"],
         cwd=project,

@@ -1,6 +1,5 @@
 """What a user does after rendering: install it, run its command, run its tests."""
 
-import os
 import re
 import site
 import sys
@@ -9,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import python, render, run
+from conftest import env_without_mlflow_uri, python, render, run
 
 
 def passed_count(pytest_output: str) -> int:
@@ -36,7 +35,7 @@ SUITES = {
 @pytest.mark.parametrize("answers", SUITES.values(), ids=SUITES.keys())
 def test_rendered_project_passes_its_own_test_suite(tmp_path, answers):
     project = render(tmp_path, **answers)
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env = env_without_mlflow_uri()
     result = run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
         cwd=project,

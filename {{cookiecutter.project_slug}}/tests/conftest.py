@@ -111,13 +111,15 @@ def wait_for(path: Path, process: subprocess.Popen, timeout: float = 300) -> Non
         time.sleep(0.05)
 
 
-{%- if cookiecutter.logger == "tensorboard" %}
+{%- if cookiecutter.logger != "mlflow" %}
 
 
 def run_dirs(root: Path) -> list[Path]:
     """The run directories the logger made under `root`, oldest first."""
     runs = (root / "logs" / "{{ cookiecutter.example }}").glob("version_*")
     return sorted(runs, key=lambda run: int(run.name.removeprefix("version_")))
+{%- endif %}
+{%- if cookiecutter.logger == "tensorboard" %}
 
 
 def logged_scalars(run: Path) -> dict[str, list[float]]:
@@ -128,12 +130,6 @@ def logged_scalars(run: Path) -> dict[str, list[float]]:
     events.Reload()
     return {tag: [e.value for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 {%- elif cookiecutter.logger == "csv" %}
-
-
-def run_dirs(root: Path) -> list[Path]:
-    """The run directories the logger made under `root`, oldest first."""
-    runs = (root / "logs" / "{{ cookiecutter.example }}").glob("version_*")
-    return sorted(runs, key=lambda run: int(run.name.removeprefix("version_")))
 
 
 def logged_scalars(run: Path) -> dict[str, list[float]]:
