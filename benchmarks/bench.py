@@ -128,8 +128,9 @@ def main() -> None:
     project = Path(cookiecutter(str(TEMPLATE), no_input=True, output_dir=str(work)))
     sys.path.insert(0, str(project / "src"))
     package = project.name.replace("-", "_")
+    modules = {"cli": "kit.cli", "data": "data", "model": "model"}
     pkg = argparse.Namespace(
-        **{name: importlib.import_module(f"{package}.{name}") for name in ("cli", "data", "model")}
+        **{name: importlib.import_module(f"{package}.{path}") for name, path in modules.items()}
     )
     import torch
 

@@ -15,10 +15,8 @@ ANSWERS = {
     "author_name": {{ cookiecutter.author_name | py_string }},
     "author_email": {{ cookiecutter.author_email | py_string }},
     "description": {{ cookiecutter.description | py_string }},
-    "python_version": {{ cookiecutter.python_version | py_string }},
 }
 
-SUPPORTED_PYTHON = ("3.10", "3.11", "3.12", "3.13")
 # Import names the rendered project depends on or its tests use; a package of
 # the same name would shadow them.
 DEPENDENCIES = {
@@ -77,13 +75,8 @@ def problems(answers: dict) -> list:
         )
     if not EMAIL_RE.match(answers["author_email"]):
         bad("author_email", "is not an e-mail address (expected name@domain.tld)")
-    if answers["python_version"] not in SUPPORTED_PYTHON:
-        bad(
-            "python_version",
-            "is not supported; choose one of " + ", ".join(SUPPORTED_PYTHON),
-        )
-    # Choices (example, logger, license) and yes/no questions are checked by
-    # cookiecutter itself before this hook runs.
+    # Choices (python_version, example, logger, license) and yes/no questions
+    # are checked by cookiecutter itself before this hook runs.
     return found
 
 

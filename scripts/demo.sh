@@ -7,10 +7,12 @@ cd "$(dirname "$0")/.."
 out="${DEMO_DIR:-build/demo}"
 rm -rf "$out"
 mkdir -p "$out"
+step "Rendering the template into $out/"
 python -m cookiecutter . --no-input --output-dir "$out" "$@"
 project=$(find "$out" -mindepth 1 -maxdepth 1 -type d)
 cd "$project"
-python -m pip install --quiet --disable-pip-version-check -e ".[dev]"
+step "Installing the rendered project into $VENV: pip install -e \".[dev]\""
+pip_install -e ".[dev]"
 command=$(basename "$project")
-echo "+ $command fit   (in $project)"
+step "Training the example: $command fit   (in $project)"
 "$command" fit

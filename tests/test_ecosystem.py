@@ -11,7 +11,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 import pytest
-from conftest import TEMPLATE, env_without_mlflow_uri, render, run
+from conftest import TEMPLATE, render, run
 from packaging.requirements import Requirement
 
 BIN = Path(sys.executable).parent
@@ -106,42 +106,6 @@ def test_pre_commit_hooks_pass_on_the_rendered_project(tmp_path):
     result = run([sys.executable, "-m", "pre_commit", "run", "--all-files"], cwd=project, env=env)
     assert "ruff check" in result.stdout and "ruff format" in result.stdout
     assert "Failed" not in result.stdout
-
-
-def read_metrics(project: Path, logger: str) -> tuple[Path, set[str]]:
-    """(the run directory, the metric names logged) where each logger puts them."""
-    if logger == "tensorboard":
-        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-        (run_dir,) = (project / "logs" / "minimal").iterdir()
-        events = EventAccumulator(str(run_dir))
-        events.Reload()
-        return run_dir, set(events.Tags()["scalars"])
-    if logger == "csv":
-        (run_dir,) = (project / "logs" / "minimal").iterdir()
-        header = (run_dir / "metrics.csv").read_text().splitlines()[0]
-        return run_dir, set(header.split(","))
-    (run_dir,) = [p for p in (project / "mlruns").glob("*/*") if (p / "meta.yaml").is_file()]
-    metrics = run_dir / "metrics"
-    return run_dir, {p.relative_to(metrics).as_posix() for p in metrics.rglob("*") if p.is_file()}
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("logger", ["tensorboard", "csv", "mlflow"])
-def test_each_logger_writes_its_metrics_config_and_checkpoints_into_one_run(tmp_path, logger):
-    project = render(tmp_path, example="minimal", logger=logger)
-    env = env_without_mlflow_uri()
-    run(
-        [sys.executable, "-m", "my_lightning_project", "fit", "--trainer.max_epochs=2"],
-        cwd=project,
-        env={**env, "PYTHONPATH": str(project / "src")},
-        timeout=300,
-    )
-    run_dir, names = read_metrics(project, logger)
-    assert {"train/loss", "val/loss"} <= names, names
-    assert (run_dir / "config.yaml").is_file()
-    assert {p.name for p in (run_dir / "checkpoints").iterdir()} >= {"last.ckpt"}
-    assert not (project / "logs" if logger == "mlflow" else project / "mlruns").exists()
 
 
 @pytest.mark.parametrize("answers", [{}, {"logger": "mlflow", "example": "minimal"}])

@@ -20,8 +20,6 @@ BAD_ANSWERS = [
     ({"project_slug": "lab--x"}, "project_slug 'lab--x': is not a valid distribution"),
     ({"author_email": "nobody"}, "author_email 'nobody': is not an e-mail address"),
     ({"author_email": "a@b"}, "author_email 'a@b': is not an e-mail address"),
-    ({"python_version": "3.8"}, "python_version '3.8': is not supported; choose one of 3.10"),
-    ({"python_version": "4"}, "python_version '4': is not supported"),
     ({"project_name": "   "}, "project_name '   ': must contain at least one letter or digit"),
     ({"project_name": "?!"}, "project_name '?!': must contain at least one letter or digit"),
 ]
@@ -32,7 +30,7 @@ def case_id(case) -> str:
     return ",".join(f"{k}={v!r}" for k, v in answers.items())
 
 
-@pytest.mark.parametrize(("answers", "message"), BAD_ANSWERS, ids=map(case_id, BAD_ANSWERS))
+@pytest.mark.parametrize(("answers", "message"), BAD_ANSWERS, ids=[case_id(c) for c in BAD_ANSWERS])
 def test_bad_answer_is_named_and_nothing_is_written(tmp_path, capfd, answers, message):
     out = tmp_path / "out"
     out.mkdir()
@@ -46,11 +44,11 @@ def test_bad_answer_is_named_and_nothing_is_written(tmp_path, capfd, answers, me
 
 def test_every_broken_rule_is_reported_at_once(tmp_path, capfd):
     with pytest.raises(FailedHookException):
-        render(tmp_path, package_name="torch", author_email="nope", python_version="2.7")
+        render(tmp_path, package_name="torch", author_email="nope", project_slug="-x")
     err = capfd.readouterr().err
     assert "package_name 'torch'" in err
     assert "author_email 'nope'" in err
-    assert "python_version '2.7'" in err
+    assert "project_slug '-x'" in err
     assert list(tmp_path.iterdir()) == []
 
 
@@ -95,10 +93,11 @@ BAD_CHOICES = [
     ({"logger": "wandb"}, "wandb provided for choice variable logger"),
     ({"license": "GPL"}, "GPL provided for choice variable license"),
     ({"cluster": "maybe"}, "maybe provided for variable cluster could not be converted"),
+    ({"python_version": "3.8"}, "3.8 provided for choice variable python_version"),
 ]
 
 
-@pytest.mark.parametrize(("answers", "message"), BAD_CHOICES, ids=map(case_id, BAD_CHOICES))
+@pytest.mark.parametrize(("answers", "message"), BAD_CHOICES, ids=[case_id(c) for c in BAD_CHOICES])
 def test_bad_choice_is_refused_before_anything_is_written(tmp_path, answers, message):
     with pytest.raises(ValueError, match=message):
         render(tmp_path, **answers)

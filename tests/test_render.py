@@ -79,12 +79,12 @@ def combination_id(answers: dict) -> str:
 
 def expected_files(package: str, answers: dict) -> set[str]:
     answers = {**DEFAULTS, **answers}
-    src = (
-        "__init__ __main__ callbacks checkpoints cli data doctor export hardware health hints model"
-    )
+    users = "__init__ __main__ data model project"
+    kit = "__init__ callbacks checkpoints cli data doctor export hardware health hints predict runs"
     tests = (
-        "conftest instruments test_callbacks test_cli test_data test_ddp test_doctor test_export"
-        " test_faults test_gpu test_hardware test_health test_hints test_model"
+        "conftest instruments test_callbacks test_cli test_data test_ddp test_doctor test_example"
+        " test_export test_faults test_gpu test_hardware test_health test_hints test_model"
+        " test_runs"
     )
     configs = "accumulate ddp debug default gpu profile"
     files = {
@@ -93,7 +93,8 @@ def expected_files(package: str, answers: dict) -> set[str]:
         "README.md",
         "pyproject.toml",
         *(f"configs/{name}.yaml" for name in configs.split()),
-        *(f"src/{package}/{name}.py" for name in src.split()),
+        *(f"src/{package}/{name}.py" for name in users.split()),
+        *(f"src/{package}/kit/{name}.py" for name in kit.split()),
         *(f"tests/{name}.py" for name in tests.split()),
     }
     if answers["cluster"]:
@@ -205,8 +206,8 @@ def test_only_the_chosen_logger_is_configured_and_installed(rendered):
             assert (package in names) == (choice == logger), (package, names)
     default = yaml.safe_load((project / "configs" / "default.yaml").read_text())
     assert default["trainer"]["logger"]["class_path"].endswith("." + LOGGER_CLASS[logger])
-    cli = (project / "src" / package_of(project) / "cli.py").read_text()
-    assert [c for c in LOGGER_CLASS.values() if f"loggers.{c}" in cli] == [LOGGER_CLASS[logger]]
+    cli = (project / "src" / package_of(project) / "kit" / "cli.py").read_text()
+    assert [c for c in LOGGER_CLASS.values() if f'.{c}"' in cli] == [LOGGER_CLASS[logger]]
 
 
 def test_readme_mentions_only_what_was_chosen(rendered):
@@ -287,7 +288,7 @@ def test_readme_mentions_only_the_chosen_example(rendered):
 def test_names_are_derived_from_the_project_name(tmp_path, name, slug, package):
     project = render(tmp_path, project_name=name)
     assert project == tmp_path / slug
-    assert (project / "src" / package / "cli.py").exists()
+    assert (project / "src" / package / "kit" / "cli.py").exists()
 
 
 def test_rendering_twice_is_identical(tmp_path):

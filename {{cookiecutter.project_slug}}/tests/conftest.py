@@ -1,5 +1,7 @@
-"""Shared fixtures: a scratch working directory and a CLI subprocess runner."""
+"""Shared fixtures: the project's configured classes, a scratch working directory,
+a CLI subprocess runner, and a trained checkpoint shared by every test that reads one."""
 
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -8,12 +10,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from filelock import FileLock
+from lightning.fabric.utilities.apply_func import move_data_to_device
+from torch.utils._pytree import tree_flatten
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = PROJECT_ROOT / "configs"
 SRC = PROJECT_ROOT / "src"
 TESTS = PROJECT_ROOT / "tests"
 PACKAGE = "{{ cookiecutter.package_name }}"
+# Timeouts are several times what a step takes on a quiet 2-core machine, so a
+# busy one fails no test; none of them is an assertion about speed.
+SUBPROCESS_TIMEOUT = 600
 
 
 def pytest_collection_modifyitems(config, items):
@@ -44,6 +52,42 @@ def own_mlflow_store(monkeypatch):
 {%- endif %}
 
 
+def configured(*flags: str):
+    """The CLI as `fit` would build it, without running: `.model`, `.datamodule`, `.trainer`."""
+    from {{ cookiecutter.package_name }}.kit.cli import main
+
+    return main(["--trainer.logger=false", *flags], run=False)
+
+
+def first_batch(cli, split: str = "train", device: str | torch.device = "cpu"):
+    """One batch of the configured DataModule, as the module's steps receive it."""
+    datamodule = cli.datamodule
+    datamodule.trainer = cli.trainer
+    datamodule.prepare_data()
+    datamodule.setup("fit" if split in ("train", "val") else split)
+    loader = getattr(datamodule, f"{split}_dataloader")()
+    return move_data_to_device(next(iter(loader)), torch.device(device))
+
+
+def same_values(a, b) -> bool:
+    """Whether two batches or outputs (tensors, tuples, dicts, lists) hold equal values."""
+    flat_a, spec_a = tree_flatten(a)
+    flat_b, spec_b = tree_flatten(b)
+    return spec_a == spec_b and all(
+        torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y
+        for x, y in zip(flat_a, flat_b, strict=True)
+    )
+
+
+def loader_length(cli, split: str) -> int:
+    """How many samples the configured DataModule's `split` loader yields."""
+    datamodule = cli.datamodule
+    datamodule.trainer = cli.trainer
+    datamodule.prepare_data()
+    datamodule.setup("fit" if split in ("train", "val") else split)
+    return len(getattr(datamodule, f"{split}_dataloader")().dataset)
+
+
 def cli_env(env: dict | None = None) -> dict:
     """The environment for a CLI subprocess: src/ and tests/ (the instruments) importable."""
     env = {**os.environ, **(env or {})}
@@ -55,7 +99,11 @@ def cli_env(env: dict | None = None) -> dict:
 
 
 def run_cli(
-    *args: str, cwd: Path, timeout: float = 300, check: bool = True, env: dict | None = None
+    *args: str,
+    cwd: Path,
+    timeout: float = SUBPROCESS_TIMEOUT,
+    check: bool = True,
+    env: dict | None = None,
 ) -> subprocess.CompletedProcess:
     """`python -m <package> args...` in a fresh process (needed for DDP).
 
@@ -82,21 +130,75 @@ def failure(command: str, result) -> str:
     )
 
 
-def start_cli(*args: str, cwd: Path, env: dict | None = None) -> subprocess.Popen:
-    """`python -m <package> args...` started in the background, output to files in `cwd`."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", PACKAGE, *args],
-        cwd=cwd,
-        env=cli_env(env),
-        stdout=open(cwd / "stdout.txt", "w"),  # noqa: SIM115 (closed with the process)
-        stderr=open(cwd / "stderr.txt", "w"),  # noqa: SIM115
-        text=True,
-    )
-    process.workdir = cwd
-    return process
+class ForkedRun:
+    """A run of the command in a process forked from a server that imported Lightning
+    once: a real process (signals, SIGKILL, exit codes), without the import in each."""
+
+    _context = None
+
+    def __init__(self, args: tuple[str, ...], cwd: Path, env: dict | None):
+        if ForkedRun._context is None:
+            ForkedRun._context = multiprocessing.get_context("forkserver")
+            ForkedRun._context.set_forkserver_preload(
+                ["lightning.pytorch", f"{PACKAGE}.kit.cli", "instruments"]
+            )
+        import instruments
+
+        env = {**(env or {}), "INSTRUMENTS_PACKAGE": PACKAGE}
+        self.workdir = cwd
+        self.process = ForkedRun._context.Process(
+            target=instruments.run_command, args=(list(args), str(cwd), env, str(cwd))
+        )
+        self.process.start()
+
+    def send_signal(self, sent: int) -> None:
+        os.kill(self.process.pid, sent)
+
+    def poll(self) -> int | None:
+        return self.process.exitcode
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.exitcode
+
+    def kill(self) -> None:
+        self.process.kill()
+
+    def wait(self, timeout: float = SUBPROCESS_TIMEOUT) -> int:
+        self.process.join(timeout)
+        if self.process.exitcode is None:
+            self.process.kill()
+            raise AssertionError(f"the run did not end within {timeout} s")
+        return self.process.exitcode
+
+    def output(self) -> subprocess.CompletedProcess:
+        """Its exit code and what it printed, as subprocess.run would give them."""
+        return subprocess.CompletedProcess(
+            self.process.pid,
+            self.returncode,
+            (self.workdir / "stdout.txt").read_text(),
+            (self.workdir / "stderr.txt").read_text(),
+        )
 
 
-def wait_for(path: Path, process: subprocess.Popen, timeout: float = 300) -> None:
+def fork_cli(*args: str, cwd: Path, env: dict | None = None) -> ForkedRun:
+    """Start `<package> args...` in the background (not for DDP, which re-runs the command)."""
+    for name in ("stdout.txt", "stderr.txt"):
+        (cwd / name).write_text("")
+    return ForkedRun(args, cwd, cli_env(env))
+
+
+def run_forked(*args: str, cwd: Path, env: dict | None = None, check: bool = True):
+    """Run `<package> args...` to the end in a forked process; like run_cli."""
+    result = fork_cli(*args, cwd=cwd, env=env)
+    result.wait()
+    completed = result.output()
+    if check and completed.returncode != 0:
+        raise AssertionError(failure(f"{PACKAGE} {' '.join(args)}", completed))
+    return completed
+
+
+def wait_for(path: Path, process, timeout: float = SUBPROCESS_TIMEOUT) -> None:
     """Wait until `path` exists; fail early, with the output, if `process` ends first."""
     deadline = time.monotonic() + timeout
     while not path.exists():
@@ -115,8 +217,8 @@ def wait_for(path: Path, process: subprocess.Popen, timeout: float = 300) -> Non
 
 
 def run_dirs(root: Path) -> list[Path]:
-    """The run directories the logger made under `root`, oldest first."""
-    runs = (root / "logs" / "{{ cookiecutter.example }}").glob("version_*")
+    """The run directories under `root`, oldest first."""
+    runs = (root / "logs").glob("version_*")
     return sorted(runs, key=lambda run: int(run.name.removeprefix("version_")))
 {%- endif %}
 {%- if cookiecutter.logger == "tensorboard" %}
@@ -126,9 +228,13 @@ def logged_scalars(run: Path) -> dict[str, list[float]]:
     """Every scalar the run logged, by name, in logging order (TensorBoard event files)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    events = EventAccumulator(str(run))
-    events.Reload()
-    return {tag: [e.value for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    logged: dict[str, list[float]] = {}
+    for events_file in sorted(run.glob("events.out.tfevents.*")):
+        events = EventAccumulator(str(events_file))
+        events.Reload()
+        for tag in events.Tags()["scalars"]:
+            logged.setdefault(tag, []).extend(e.value for e in events.Scalars(tag))
+    return logged
 {%- elif cookiecutter.logger == "csv" %}
 
 
@@ -165,25 +271,85 @@ def logged_scalars(run: Path) -> dict[str, list[float]]:
 {%- endif %}
 
 
-@pytest.fixture(scope="session")
-def trained_checkpoint(tmp_path_factory) -> Path:
-    """The last.ckpt of a real two-epoch fit, shared by the tests that only read one."""
-    root = tmp_path_factory.mktemp("trained")
-    from {{ cookiecutter.package_name }}.cli import main
+def shared(request, tmp_path_factory, name: str, make) -> Path:
+    """`make(folder)` once per test session, even across pytest-xdist workers; its folder."""
+    if not hasattr(request.config, "workerinput"):  # one process: its own temporary folder
+        folder = tmp_path_factory.mktemp(name)
+        make(folder)
+        return folder
+    root = tmp_path_factory.getbasetemp().parent  # shared by this session's workers
+    folder = root / name
+    with FileLock(str(root / f"{name}.lock")):
+        if not (folder / ".done").exists():
+            folder.mkdir(exist_ok=True)
+            make(folder)
+            (folder / ".done").touch()
+    return folder
 
-    main(
-        [
-            "fit",
-            "--trainer.max_epochs=2",
-            "--trainer.enable_progress_bar=false",
-            f"--trainer.default_root_dir={root}",
-            f"--trainer.logger.init_args.save_dir={root}",
-        ]
+
+def _fit_in(folder: Path, *flags: str) -> None:
+    from {{ cookiecutter.package_name }}.kit.cli import main
+
+    previous = Path.cwd()
+    os.chdir(folder)
+    try:
+        main(["fit", "--trainer.enable_progress_bar=false", *flags])
+    finally:
+        os.chdir(previous)
+
+
+@pytest.fixture(scope="session")
+def trained_checkpoint(request, tmp_path_factory) -> Path:
+    """The last.ckpt of a real two-epoch fit, shared by the tests that only read one."""
+    folder = shared(
+        request, tmp_path_factory, "trained", lambda f: _fit_in(f, "--trainer.max_epochs=2")
     )
-    (path,) = root.rglob("last.ckpt")
+    (path,) = folder.rglob("last.ckpt")
     return path
+
+
+@pytest.fixture(scope="session")
+def default_fit(request, tmp_path_factory) -> Path:
+    """The folder of one full default `fit`, as a user runs it, shared by the tests."""
+    return shared(request, tmp_path_factory, "default-fit", _fit_in)
+
+
+def made_a_run(folder: Path) -> bool:
+    """Whether anything a run writes (logs, a config, checkpoints) appeared in `folder`."""
+    made = ("logs", "mlruns", "lightning_logs", "checkpoints", "config.yaml")
+    return any((folder / name).exists() for name in made)
+
+
+def folder_of(checkpoint: Path) -> Path:
+    """The working directory a run's checkpoint was trained in (it holds logs/ or mlruns/)."""
+    return next(p for p in checkpoint.parents if p.name in ("logs", "mlruns")).parent
 
 
 def load_checkpoint(path: Path) -> dict:
     """A Lightning checkpoint, loaded the safe way (tensors and plain values only)."""
     return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def best_score(checkpoint: dict) -> float:
+    """The monitored metric's best value, as the checkpoint callback recorded it."""
+    (state,) = [s for s in checkpoint["callbacks"].values() if "best_model_score" in s]
+    return float(state["best_model_score"])
+
+
+def reached(score: float, target: float, mode: str) -> bool:
+    """Whether `score` is at least as good as `target` for a metric where `mode` is better."""
+    return score >= target if mode == "max" else score <= target
+
+
+class FakeClock:
+    """A clock that moves only when a test says so: timing logic gets exact numbers,
+    whatever the machine's speed. Each process has its own copy (loader workers too)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds

@@ -8,8 +8,8 @@ variables, which DDP's and torchrun's worker processes inherit:
 - INSTRUMENTS_RECORD=<prefix>: when training starts (after any resume) and at
   each epoch's start, append one JSON line to `<prefix>-rank<R>.jsonl`: the
   event, rank, world size, epoch, global step, the
-  sample indices this rank's sampler yields this epoch, and a fingerprint of
-  the optimizer state and the scheduler's step count;
+  sample indices this rank's sampler yields this epoch, fingerprints of the
+  parameters and of the optimizer state, and the schedulers' states;
 - INSTRUMENTS_PAUSE_EPOCH=<n> and INSTRUMENTS_PAUSE_MARKER=<file>: at the start
   of epoch n, rank 0 writes the marker and waits there (for a signal);
 - INSTRUMENTS_FAIL_RANK=<r> and INSTRUMENTS_FAIL_STEP=<s>: rank r raises at step s.
@@ -22,6 +22,13 @@ from pathlib import Path
 
 import torch
 from lightning.pytorch import Callback
+
+
+def parameter_fingerprint(state_dict: dict) -> float:
+    """The sum of every floating-point tensor of a module's state_dict."""
+    return float(
+        sum(value.double().sum() for value in state_dict.values() if value.is_floating_point())
+    )
 
 
 def optimizer_fingerprint(optimizer_state: dict) -> float:
@@ -37,12 +44,11 @@ def optimizer_fingerprint(optimizer_state: dict) -> float:
 
 
 class Instruments(Callback):
-    def _record(self, trainer, event: str) -> None:
+    def _record(self, trainer, pl_module, event: str) -> None:
         prefix = os.environ.get("INSTRUMENTS_RECORD")
         if not prefix:
             return
         sampler = getattr(trainer.train_dataloader, "sampler", None)
-        schedulers = trainer.lr_scheduler_configs
         record = {
             "event": event,
             "rank": trainer.global_rank,
@@ -51,18 +57,19 @@ class Instruments(Callback):
             "global_step": trainer.global_step,
             "sampler": type(sampler).__name__,
             "indices": [int(i) for i in sampler] if sampler is not None else None,
-            "optimizer": optimizer_fingerprint(trainer.optimizers[0].state_dict()),
-            "scheduler_steps": schedulers[0].scheduler.last_epoch if schedulers else None,
+            "parameters": parameter_fingerprint(pl_module.state_dict()),
+            "optimizers": [optimizer_fingerprint(o.state_dict()) for o in trainer.optimizers],
+            "schedulers": [c.scheduler.state_dict() for c in trainer.lr_scheduler_configs],
         }
         with open(f"{prefix}-rank{trainer.global_rank}.jsonl", "a") as file:
-            file.write(json.dumps(record) + "\n")
+            file.write(json.dumps(record, default=repr) + "\n")
 
     def on_train_start(self, trainer, pl_module) -> None:
         # After a resume: what was restored, before any step of this run.
-        self._record(trainer, "train_start")
+        self._record(trainer, pl_module, "train_start")
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
-        self._record(trainer, "epoch_start")
+        self._record(trainer, pl_module, "epoch_start")
         pause = os.environ.get("INSTRUMENTS_PAUSE_EPOCH")
         if pause and trainer.current_epoch == int(pause) and trainer.global_rank == 0:
             marker = Path(os.environ["INSTRUMENTS_PAUSE_MARKER"])
@@ -84,3 +91,25 @@ def read_records(prefix: Path, event: str = "epoch_start") -> list[dict]:
     for path in sorted(prefix.parent.glob(f"{prefix.name}-rank*.jsonl")):
         records += [json.loads(line) for line in path.read_text().splitlines()]
     return [record for record in records if record["event"] == event]
+
+
+def run_command(args: list[str], cwd: str, env: dict, output: str) -> None:
+    """Run the project's command in this (forked) process, as `python -m <package>` would.
+
+    The fault tests start runs this way from a fork server that has imported
+    Lightning once, instead of paying the import in every new process.
+    """
+    import sys
+
+    os.chdir(cwd)
+    os.environ.update(env)
+    for fd, name in ((1, "stdout.txt"), (2, "stderr.txt")):
+        with open(Path(output) / name, "a") as file:
+            os.dup2(file.fileno(), fd)
+    from importlib import import_module
+
+    package = os.environ["INSTRUMENTS_PACKAGE"]
+    code = import_module(f"{package}.__main__").main(list(args))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sys.exit(code)

@@ -1,4 +1,7 @@
-"""The environment report says what the run will really use."""
+"""The environment report says what the run will really use.
+
+Kit test: the fit runs whatever model and data `project.py` names.
+"""
 
 import logging
 from types import SimpleNamespace
@@ -6,14 +9,14 @@ from types import SimpleNamespace
 import torch
 from lightning.pytorch import Trainer
 
-from {{ cookiecutter.package_name }}.callbacks import (
+from {{ cookiecutter.package_name }}.kit.callbacks import (
     EnvironmentReport,
     collect_environment,
     format_environment,
     torch_build,
 )
-from {{ cookiecutter.package_name }}.cli import DataModule, Model
-from {{ cookiecutter.package_name }}.doctor import cuda_devices
+from {{ cookiecutter.package_name }}.kit.cli import main
+from {{ cookiecutter.package_name }}.kit.doctor import cuda_devices
 
 GPU_FACTS = {
     "torch": "2.5.1+cu124",
@@ -63,36 +66,31 @@ def test_report_of_a_multi_gpu_run_shows_every_fact():
 
 
 def test_report_on_this_machine_at_fit_start(workdir, caplog):
-    report = EnvironmentReport()
-    trainer = Trainer(
-        accelerator="cpu",
-        devices=1,
-        fast_dev_run=True,
-        accumulate_grad_batches=2,
-        callbacks=[report],
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
     with caplog.at_level(logging.INFO):
-        trainer.fit(Model(), DataModule(batch_size=32, num_workers=0))
+        cli = main(["fit", "--trainer.fast_dev_run=true", "--trainer.accumulate_grad_batches=2"])
+    (report,) = [c for c in cli.trainer.callbacks if isinstance(c, EnvironmentReport)]
     facts = report.facts
     assert facts["torch"] == torch.__version__
     assert facts["torch_build"] == torch_build()
     assert facts["cuda_available"] is torch.cuda.is_available()
-    assert facts["accelerator"] == "CPUAccelerator"
-    assert facts["strategy"] == "SingleDeviceStrategy"
     assert (facts["devices"], facts["num_nodes"], facts["world_size"]) == (1, 1, 1)
-    assert facts["precision"] == "32-true"
-    assert (facts["batch_size"], facts["effective_batch_size"]) == (32, 64)
-    assert (facts["num_workers"], facts["pin_memory"], facts["persistent_workers"]) == (
-        0,
-        False,
-        False,
-    )
+    if not torch.cuda.is_available():
+        assert facts["accelerator"] == "CPUAccelerator"
+        assert facts["strategy"] == "SingleDeviceStrategy"
+        assert facts["precision"] == "32-true"
+    # Read from the training DataLoader itself, whatever the DataModule.
+    loader = cli.trainer.train_dataloader
+    batch_size = loader.batch_size
+    assert (facts["batch_size"], facts["effective_batch_size"]) == (batch_size, 2 * batch_size)
+    settings = (loader.num_workers, loader.pin_memory, loader.persistent_workers)
+    assert (facts["num_workers"], facts["pin_memory"], facts["persistent_workers"]) == settings
     printed = caplog.text
     assert "Environment" in printed
-    assert "batch: 32 per device x 2 accumulated x 1 ranks = 64 effective" in printed
-    assert "loader: num_workers 0 | pin_memory False | persistent_workers False" in printed
+    assert (
+        f"batch: {batch_size} per device x 2 accumulated x 1 ranks = {2 * batch_size} effective"
+        in printed
+    )
+    assert f"loader: num_workers {settings[0]} | pin_memory {settings[1]}" in printed
 
 
 def test_cpu_build_is_named(monkeypatch):
@@ -103,7 +101,7 @@ def test_cpu_build_is_named(monkeypatch):
     assert torch_build() == "CUDA 12.1"
 
 
-def test_facts_without_a_datamodule_leave_batch_lines_out():
+def test_facts_without_a_training_loader_leave_batch_lines_out():
     trainer = Trainer(accelerator="cpu", devices=1, logger=False)
     facts = collect_environment(trainer)
     assert facts["batch_size"] is None and facts["num_workers"] is None

@@ -1,5 +1,8 @@
 """The launch files: torchrun over two simulated nodes, the SLURM script and
-the Kubernetes job, each checked for the counts it gives the trainer."""
+the Kubernetes job, each checked for the counts it gives the trainer.
+
+Kit test: it runs whatever model and data `project.py` names.
+"""
 
 import os
 import re
@@ -10,10 +13,16 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import PROJECT_ROOT, cli_env, failure, run_dirs
+from conftest import (
+    PROJECT_ROOT,
+    SUBPROCESS_TIMEOUT,
+    cli_env,
+    configured,
+    failure,
+    loader_length,
+    run_dirs,
+)
 from instruments import read_records
-
-from {{ cookiecutter.package_name }}.cli import DataModule
 
 TORCHRUN = PROJECT_ROOT / "scripts" / "torchrun.sh"
 SBATCH = PROJECT_ROOT / "scripts" / "slurm.sbatch"
@@ -58,7 +67,7 @@ def test_torchrun_two_nodes_over_loopback(workdir):
     ]
     results = []
     for agent in agents:
-        stdout, stderr = agent.communicate(timeout=300)
+        stdout, stderr = agent.communicate(timeout=SUBPROCESS_TIMEOUT)
         results.append(subprocess.CompletedProcess(agent.args, agent.returncode, stdout, stderr))
     for result in results:
         assert result.returncode == 0, failure("torchrun.sh", result)
@@ -67,7 +76,7 @@ def test_torchrun_two_nodes_over_loopback(workdir):
     records = read_records(workdir / "seen")
     assert sorted((r["rank"], r["world_size"]) for r in records) == [(0, 2), (1, 2)]
     rank0, rank1 = (set(r["indices"]) for r in records)
-    assert len(rank0 | rank1) == len(DataModule().make_splits()["train"])
+    assert len(rank0 | rank1) == loader_length(configured(), "train")
     assert len(rank0 & rank1) <= 1  # an odd count is padded with one repeat
     assert "devices 1 x nodes 2 = world size 2" in results[0].stderr
     # One run, one set of checkpoints, written by global rank 0 alone.

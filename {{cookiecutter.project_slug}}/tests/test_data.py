@@ -1,15 +1,21 @@
-"""Loader settings resolved from the machine, and a split that never changes."""
+"""Loader settings resolved from the machine, a split that never changes, and the
+split DataModule's contract (any Dataset, a collate function, the predict split).
+
+Kit test: the last tests run whatever DataModule `project.py` names.
+"""
 
 import pytest
 import torch
+from conftest import configured, first_batch, same_values
 from lightning.pytorch import Trainer
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import ConcatDataset, Dataset, TensorDataset
 
-from {{ cookiecutter.package_name }}.cli import DataModule
-from {{ cookiecutter.package_name }}.data import (
+from {{ cookiecutter.package_name }}.kit.data import (
     LoaderSettings,
-    random_split,
+    SplitDataModule,
+    is_in_memory,
     resolve_loader_settings,
+    split_dataset,
     split_sizes,
 )
 
@@ -31,7 +37,7 @@ def test_unset_loader_settings_follow_the_machine(cpus, local_world_size, on_cud
     assert resolved == expected
 
 
-def test_tensors_in_memory_need_no_workers():
+def test_data_in_memory_needs_no_workers():
     resolved = resolve_loader_settings(
         None, None, cpus=16, local_world_size=1, on_cuda=True, in_memory=True
     )
@@ -59,57 +65,83 @@ def test_bad_split_fractions_name_the_values():
         split_sizes(100, 0.6, 0.5)
 
 
-class FileBacked(Dataset):
-    """Stands for data read from disk: not a TensorDataset, so workers pay off."""
+class Sentences(Dataset):
+    """Stands for data read from disk: variable-length token ids and a label, as a dict."""
+
+    def __init__(self, n: int = 10):
+        self.n = n
 
     def __len__(self):
-        return 8
+        return self.n
 
     def __getitem__(self, index):
-        return torch.zeros(2), 0
+        return {"tokens": torch.arange(1 + index % 4), "label": index % 2}
 
 
-def test_setup_resolves_from_the_trainer_and_the_data(monkeypatch):
-    monkeypatch.setattr("{{ cookiecutter.package_name }}.data.available_cpus", lambda: 3)
-    datamodule = DataModule()
+class Declared(Dataset):
+    in_memory = True
+
+    def __len__(self):
+        return 1
+
+    def __getitem__(self, index):
+        return 0
+
+
+def test_in_memory_is_what_indexing_costs_not_a_class():
+    tensors = TensorDataset(torch.zeros(4, 2))
+    assert is_in_memory(tensors)
+    assert is_in_memory(split_dataset(tensors, [2, 1, 1], seed=0)["train"])
+    assert is_in_memory(ConcatDataset([tensors, Declared()]))
+    assert not is_in_memory(Sentences())
+    assert not is_in_memory(ConcatDataset([tensors, Sentences()]))
+
+
+def test_split_dataset_is_disjoint_complete_and_seeded():
+    dataset = Sentences(100)
+    splits = split_dataset(dataset, split_sizes(100, 0.15, 0.15), seed=7)
+    parts = [set(splits[name].indices) for name in ("train", "val", "test")]
+    assert [len(p) for p in parts] == [70, 15, 15]
+    assert set().union(*parts) == set(range(100))
+    assert parts[1] == set(split_dataset(dataset, [70, 15, 15], seed=7)["val"].indices)
+    assert parts[1] != set(split_dataset(dataset, [70, 15, 15], seed=8)["val"].indices)
+    with pytest.raises(ValueError, match=r"split sizes \[70, 15\] add up to 85, not 100"):
+        split_dataset(dataset, [70, 15], seed=7, names=("train", "val"))
+
+
+class SentenceData(SplitDataModule):
+    """Any Dataset per split, batched by its own collate function."""
+
+    def make_splits(self):
+        return split_dataset(Sentences(10), [6, 2, 2], self.hparams.split_seed)
+
+    def collate_fn(self, samples):
+        tokens = torch.nn.utils.rnn.pad_sequence([s["tokens"] for s in samples], batch_first=True)
+        return {"tokens": tokens, "label": torch.tensor([s["label"] for s in samples])}
+
+
+def test_split_datamodule_takes_any_dataset_a_collate_and_a_predict_split(monkeypatch):
+    monkeypatch.setattr("{{ cookiecutter.package_name }}.kit.data.available_cpus", lambda: 3)
+    datamodule = SentenceData(batch_size=4, predict_split="val")
     datamodule.trainer = Trainer(accelerator="cpu", devices=1, logger=False)
     datamodule.setup("fit")
-    assert datamodule.loader_settings == LoaderSettings(0, False, False)  # tensors in memory
-
-    datamodule = DataModule()
-    datamodule.make_splits = lambda: {"train": FileBacked(), "val": FileBacked()}
-    datamodule.trainer = Trainer(accelerator="cpu", devices=1, logger=False)
-    datamodule.setup("fit")
+    # Read per item: two workers of three CPUs, one CPU left for the training process.
     assert datamodule.loader_settings == LoaderSettings(2, False, True)
     loader = datamodule.train_dataloader()
     assert (loader.num_workers, loader.pin_memory, loader.persistent_workers) == (2, False, True)
+    batch = next(iter(datamodule.val_dataloader()))
+    assert set(batch) == {"tokens", "label"} and batch["tokens"].shape[0] == 2
+    assert datamodule.predict_dataloader().dataset is datamodule.splits["val"]
+    datamodule.hparams.predict_split = "unlabelled"
+    with pytest.raises(KeyError, match=r"no 'unlabelled' split: SentenceData.make_splits\(\)"):
+        datamodule.predict_dataloader()
 
 
-def test_random_split_is_disjoint_complete_and_seeded():
-    dataset = TensorDataset(torch.arange(100))
-    splits = random_split(dataset, split_sizes(100, 0.15, 0.15), seed=7)
-    parts = [set(splits[name].tensors[0].tolist()) for name in ("train", "val", "test")]
-    assert [len(p) for p in parts] == [70, 15, 15]
-    assert set().union(*parts) == set(range(100))
-    assert parts[1] == set(random_split(dataset, [70, 15, 15], seed=7)["val"].tensors[0].tolist())
-    assert parts[1] != set(random_split(dataset, [70, 15, 15], seed=8)["val"].tensors[0].tolist())
+def test_the_configured_data_gives_batches_for_every_split():
+    cli = configured()
+    for split in ("train", "val", "test", "predict"):
+        assert first_batch(cli, split) is not None, split
 
 
-def test_example_split_is_the_same_every_time():
-    first, second = DataModule(), DataModule()
-    first.setup("fit")
-    second.setup("fit")
-    for name in ("train", "val", "test"):
-        for a, b in zip(first.splits[name].tensors, second.splits[name].tensors, strict=True):
-            assert torch.equal(a, b)
-    inputs = [first.splits[name].tensors[0] for name in ("train", "val", "test")]
-{%- if cookiecutter.example == "digits" %}
-    assert [len(t) for t in inputs] == [1257, 270, 270]
-    x, y = first.splits["train"][0]
-    assert x.shape == (1, 8, 8) and x.dtype == torch.float32 and y.dtype == torch.long
-    assert set(first.splits["train"].tensors[1].tolist()) == set(range(10))
-{%- else %}
-    assert [len(t) for t in inputs] == [2868, 614, 614]
-    x, y = first.splits["train"][0]
-    assert x.shape == (16,) and y.shape == (1,)
-{%- endif %}
+def test_the_configured_split_is_the_same_every_time():
+    assert same_values(first_batch(configured(), "val"), first_batch(configured(), "val"))

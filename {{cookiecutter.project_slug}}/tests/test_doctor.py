@@ -1,4 +1,7 @@
-"""`doctor` names each broken environment, with its fix and the right exit code."""
+"""`doctor` names each broken environment, with its fix and the right exit code.
+
+Kit test.
+"""
 
 import json
 import os
@@ -10,7 +13,7 @@ import pytest
 import torch
 from conftest import SRC
 
-from {{ cookiecutter.package_name }} import doctor
+from {{ cookiecutter.package_name }}.kit import doctor
 
 
 def fake_torch(**overrides) -> dict:
@@ -87,17 +90,18 @@ def test_cpu_build_on_a_machine_with_a_driver(monkeypatch, capsys, fake_nvidia_s
     assert "torch 2.5.1+cpu is a CPU-only build, but this machine has an NVIDIA driver" in out
     assert "(550.54.14)" in out and "Fix: Reinstall torch with the CUDA build" in out
     assert "no newer than 12.4" in out
-    assert "Result: no usable GPU; CPU training will be used." in out
+    assert "Result: no usable GPU, so training would run on the CPU; see the problems above." in out
     code, out = run_doctor(monkeypatch, capsys, cpu_build, "--require-gpu")
     assert code == 1 and "no usable GPU" in out
 
 
-def test_no_driver_at_all(monkeypatch, capsys, no_nvidia_smi):
+def test_a_machine_without_a_gpu_is_a_fact_not_a_problem(monkeypatch, capsys, no_nvidia_smi):
     code, out = run_doctor(monkeypatch, capsys, fake_torch(**NO_GPU))
     assert code == 0
-    assert "No NVIDIA driver: nvidia-smi is not on the PATH." in out
-    assert "Fix: On a GPU machine install the NVIDIA driver" in out
-    assert run_doctor(monkeypatch, capsys, fake_torch(**NO_GPU), "--require-gpu")[0] == 1
+    assert "No problems found." in out and "Problems:" not in out
+    assert "Result: no GPU on this machine: training runs on the CPU." in out
+    code, out = run_doctor(monkeypatch, capsys, fake_torch(**NO_GPU), "--require-gpu")
+    assert code == 1 and "doctor --require-gpu: no usable GPU" in out
 
 
 def test_driver_too_old_for_the_cuda_torch_was_built_with(monkeypatch, capsys, fake_nvidia_smi):
@@ -195,4 +199,4 @@ def test_real_doctor_on_this_machine_without_importing_lightning():
     assert f"torch {torch.__version__}" in result.stdout
     assert "Result: " in result.stdout
     if not torch.cuda.is_available():
-        assert "CPU training will be used." in result.stdout
+        assert "training runs on the CPU." in result.stdout

@@ -1,97 +1,120 @@
-"""The training-health report: numbers that add up, and warnings when they should."""
+"""The training-health report: numbers that add up, and warnings when they should.
+
+Kit test. Time is a fake clock that the data and the step advance by set amounts,
+so a "slow dataset" is slow by construction and every number is exact.
+"""
 
 import logging
-import time
 import warnings
 
 import pytest
 import torch
-from lightning.pytorch import Trainer
-from torch.utils.data import Dataset
+from conftest import FakeClock
+from lightning.pytorch import LightningModule, Trainer
+from torch.utils.data import DataLoader, Dataset
 
-from {{ cookiecutter.package_name }}.cli import DataModule, Model, main
-from {{ cookiecutter.package_name }}.health import TrainingHealth, batch_length, batchnorm_advice
+from {{ cookiecutter.package_name }}.kit.cli import main
+from {{ cookiecutter.package_name }}.kit.health import (
+    TrainingHealth,
+    batch_length,
+    batchnorm_advice,
+)
+
+BATCH, BATCHES, STEP_SECONDS = 8, 12, 0.05
 
 
-class SlowSplit(Dataset):
-    """Wraps a split with a __getitem__ that sleeps, as heavy decoding would."""
+class Timed(Dataset):
+    """Each item costs `seconds` of the clock of the process that reads it."""
 
-    def __init__(self, inner, delay: float):
-        self.inner, self.delay = inner, delay
+    def __init__(self, clock: FakeClock, seconds: float):
+        self.clock, self.seconds = clock, seconds
 
     def __len__(self):
-        return len(self.inner)
+        return BATCH * BATCHES
 
     def __getitem__(self, index):
-        time.sleep(self.delay)
-        return self.inner[index]
+        self.clock.advance(self.seconds)
+        return torch.ones(4), index % 2
 
 
-def quiet_trainer(health: TrainingHealth, **kwargs) -> Trainer:
-    """A CPU Trainer with `health` and nothing else that writes or prints."""
-    return Trainer(
+class TimedModel(LightningModule):
+    """Each training step costs STEP_SECONDS of the clock."""
+
+    def __init__(self, clock: FakeClock):
+        super().__init__()
+        self.clock = clock
+        self.layer = torch.nn.Linear(4, 2)
+
+    def training_step(self, batch, batch_idx):
+        self.clock.advance(STEP_SECONDS)
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self.layer(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def fit_with_health(
+    seconds_per_item: float, data_wait_warn: float = 0.3, num_workers: int = 0
+) -> tuple[TrainingHealth, list[str]]:
+    """One epoch of BATCHES steps; every batch the loop fetches is one it trains on."""
+    clock = FakeClock()
+    health = TrainingHealth(data_wait_warn=data_wait_warn)
+    health.clock = clock
+    loader = DataLoader(Timed(clock, seconds_per_item), batch_size=BATCH, num_workers=num_workers)
+    trainer = Trainer(
         accelerator="cpu",
         devices=1,
+        max_epochs=1,
         callbacks=[health],
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        **kwargs,
     )
-
-
-# The wait a fast in-memory dataset still shows: per-sample indexing and collation
-{%- if cookiecutter.example == "digits" %}
-# are small next to the CNN's step.
-FAST_WAIT_CEILING = 0.3
-{%- else %}
-# are a quarter of the tiny MLP's step (measured 0.18-0.25 on 2 CPUs).
-FAST_WAIT_CEILING = 0.5
-{%- endif %}
-
-
-def fit_with_health(delay: float, data_wait_warn: float = 0.3) -> tuple[TrainingHealth, list]:
-    datamodule = DataModule(batch_size=32, num_workers=0)
-    datamodule.setup("fit")
-    if delay:
-        datamodule.splits = {k: SlowSplit(v, delay) for k, v in datamodule.splits.items()}
-    health = TrainingHealth(data_wait_warn=data_wait_warn)
-    trainer = quiet_trainer(health, max_steps=12, limit_val_batches=1)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        trainer.fit(Model(), datamodule)
+        trainer.fit(TimedModel(clock), loader)
     return health, [str(w.message) for w in caught]
 
 
-def test_slow_dataset_triggers_the_data_wait_warning():
-    health, messages = fit_with_health(delay=0.002)  # 32 x 2 ms per batch
+def test_slow_data_triggers_the_data_wait_warning_with_exact_numbers():
+    health, messages = fit_with_health(seconds_per_item=0.01)  # 8 x 10 ms a batch
+    wait, compute = BATCHES * BATCH * 0.01, BATCHES * STEP_SECONDS
     summary = health.summary
-    assert summary["steps"] == 12
-    assert summary["data_wait_share"] > 0.5
-    warning = next(m for m in messages if "waited for data" in m)
+    assert summary["steps"] == BATCHES
+    assert summary["data_wait_share"] == pytest.approx(wait / (wait + compute), abs=1e-3)
+    assert summary["samples_per_s"] == pytest.approx(BATCHES * BATCH / (wait + compute), rel=1e-3)
+    (warning,) = [m for m in messages if "waited for data" in m]
+    assert "waited for data 62% of the step time (threshold 30%)" in warning
     assert "1. more loader workers (--data.num_workers, now 0)" in warning
     assert warning.index("workers") < warning.index("__getitem__") < warning.index("pinned")
     assert "precompute" in warning
 
 
-def test_fast_dataset_does_not_warn_and_the_numbers_add_up():
-    health, messages = fit_with_health(delay=0, data_wait_warn=FAST_WAIT_CEILING)
+def test_fast_data_does_not_warn_and_the_numbers_add_up():
+    health, messages = fit_with_health(seconds_per_item=0.0)
     summary = health.summary
     assert not any("waited for data" in m for m in messages)
-    assert 0 <= summary["data_wait_share"] < FAST_WAIT_CEILING
-    assert summary["effective_batch_size"] == 32
-    busy = health.wait + health.compute
-    assert summary["samples_per_s"] == pytest.approx(12 * 32 / busy, rel=0.01)
-    assert summary["samples_per_s"] > 100  # a CPU does thousands; 100 means something broke
+    assert summary["data_wait_share"] == 0.0
+    assert summary["samples_per_s"] == pytest.approx(BATCH / STEP_SECONDS)
+    assert summary["effective_batch_size"] == BATCH
     assert summary["peak_memory_mib"] is None  # only measured on CUDA
+
+
+def test_loader_workers_take_the_data_wait_off_the_training_process():
+    # Workers read items in their own processes, on their own copies of the clock:
+    # the training process no longer waits for them.
+    health, messages = fit_with_health(seconds_per_item=0.01, num_workers=2)
+    assert health.summary["data_wait_share"] == 0.0
+    assert not any("waited for data" in m for m in messages)
 
 
 def test_report_is_printed_at_fit_end(workdir, caplog):
     with caplog.at_level(logging.INFO):
-        main(["fit", "--trainer.max_epochs=1", "--trainer.enable_progress_bar=false"])
+        main(["fit", "--trainer.max_steps=3", "--trainer.enable_progress_bar=false"])
     line = next(r.message for r in caplog.records if r.message.startswith("Training health"))
-    assert "samples/s | data wait" in line and "effective batch 64" in line
+    assert "samples/s | data wait" in line and "effective batch" in line and "| 3 steps" in line
 
 
 def test_batch_length_of_common_batch_shapes():
@@ -107,19 +130,32 @@ def test_batchnorm_advice():
     assert batchnorm_advice(without, world_size=8, accumulate=4, micro_batch=16) is None
     assert batchnorm_advice(with_bn, world_size=1, accumulate=1, micro_batch=16) is None
     assert "--trainer.sync_batchnorm true" in batchnorm_advice(with_bn, 4, 1, 16)
+    # Off CUDA there is no SyncBatchNorm to offer.
+    assert batchnorm_advice(with_bn, 4, 1, 16, on_cuda=False) is None
     assert "micro-batch of 16 samples" in batchnorm_advice(with_bn, 1, 4, 16)
     synced = torch.nn.SyncBatchNorm.convert_sync_batchnorm(with_bn)
     assert batchnorm_advice(synced, world_size=4, accumulate=1, micro_batch=16) is None
-{%- if cookiecutter.example == "digits" %}
 
 
 def test_accumulating_a_batchnorm_model_warns_once():
-    trainer = quiet_trainer(
-        TrainingHealth(), max_steps=2, accumulate_grad_batches=4, limit_val_batches=0
+    class WithBatchNorm(TimedModel):
+        def __init__(self, clock):
+            super().__init__(clock)
+            self.layer = torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.BatchNorm1d(2))
+
+    clock = FakeClock()
+    trainer = Trainer(
+        accelerator="cpu",
+        max_steps=2,
+        accumulate_grad_batches=4,
+        callbacks=[TrainingHealth()],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
     )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        trainer.fit(Model(), DataModule(batch_size=16))
+        trainer.fit(WithBatchNorm(clock), DataLoader(Timed(clock, 0.0), batch_size=BATCH))
     advice = [str(w.message) for w in caught if "BatchNorm with accumulate" in str(w.message)]
-    assert len(advice) == 1 and "micro-batch of 16 samples" in advice[0]
-{%- endif %}
+    assert len(advice) == 1 and f"micro-batch of {BATCH} samples" in advice[0]

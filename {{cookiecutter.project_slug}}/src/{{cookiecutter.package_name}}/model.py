@@ -1,5 +1,5 @@
 {%- if cookiecutter.example == "digits" -%}
-"""The LightningModule: the network, the steps and the optimizer, nothing else.
+"""The model: the network, the steps and the optimizer, nothing else. Yours to replace.
 
 Hardware, precision and parallelism live in the Trainer and the configs, so the
 same module runs on a CPU, one GPU or many nodes unchanged. Tensors made inside
@@ -101,14 +101,9 @@ class DigitsClassifier(LightningModule):
         self.log("test/loss", loss, sync_dist=True)
         self.log("test/acc", self.test_acc)
 
-    def predict_step(self, batch, batch_idx: int) -> torch.Tensor:
-        x = batch[0] if isinstance(batch, (tuple, list)) else batch
-        return self(x).softmax(dim=1)
-
-    @staticmethod
-    def prediction_columns(probabilities: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The columns `predict` writes for a batch of `predict_step` outputs."""
-        probability, predicted = probabilities.max(dim=1)
+    def predict_step(self, batch, batch_idx: int) -> dict[str, torch.Tensor]:
+        # Each key becomes a column of predictions.csv.
+        probability, predicted = self(batch[0]).softmax(dim=1).max(dim=1)
         return {"predicted": predicted, "probability": probability}
 
     def configure_optimizers(self):
@@ -119,7 +114,7 @@ class DigitsClassifier(LightningModule):
             return optimizer
         return {"optimizer": optimizer, "lr_scheduler": self.scheduler(optimizer)}
 {%- else -%}
-"""The LightningModule: the network, the steps and the optimizer, nothing else.
+"""The model: the network, the steps and the optimizer, nothing else. Yours to replace.
 
 Hardware, precision and parallelism live in the Trainer and the configs, so the
 same module runs on a CPU, one GPU or many nodes unchanged. Tensors made inside
@@ -189,14 +184,9 @@ class Regressor(LightningModule):
         x, y = batch
         self.log("test/loss", self.loss(self(x), y), sync_dist=True)
 
-    def predict_step(self, batch, batch_idx: int) -> torch.Tensor:
-        x = batch[0] if isinstance(batch, (tuple, list)) else batch
-        return self(x)
-
-    @staticmethod
-    def prediction_columns(outputs: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The columns `predict` writes for a batch of `predict_step` outputs."""
-        return {"prediction": outputs[:, 0]}
+    def predict_step(self, batch, batch_idx: int) -> dict[str, torch.Tensor]:
+        # Each key becomes a column of predictions.csv.
+        return {"prediction": self(batch[0])[:, 0]}
 
     def configure_optimizers(self):
         # Called by Lightning after the model is on its device, so the

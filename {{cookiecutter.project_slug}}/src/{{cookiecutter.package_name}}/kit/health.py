@@ -5,9 +5,11 @@ then parallelism): at the end of fit, and every `every_n_steps` if asked, rank
 0 reports samples per second, the share of step time spent waiting for the next
 batch, the peak memory allocated on each CUDA device and the effective batch
 size. It times with the host clock only: no device sync, nothing added to the
-steps themselves.
+steps themselves. The clock is an attribute (`TrainingHealth.clock`), so tests
+drive it by hand instead of depending on how fast the machine is.
 """
 
+from collections.abc import Callable
 from time import perf_counter
 from typing import Any
 
@@ -16,7 +18,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 
-from {{ cookiecutter.package_name }}.callbacks import batch_sizes
+from {{ cookiecutter.package_name }}.kit.callbacks import loader_facts
 
 MIB = 1024**2
 
@@ -32,13 +34,22 @@ def batch_length(batch: Any) -> int:
     return 0
 
 
-def batchnorm_advice(model: nn.Module, world_size: int, accumulate: int, micro_batch: int | None):
-    """What to say about BatchNorm in this setup, or None."""
+def batchnorm_advice(
+    model: nn.Module,
+    world_size: int,
+    accumulate: int,
+    micro_batch: int | None,
+    on_cuda: bool = True,
+) -> str | None:
+    """What to say about BatchNorm in this setup, or None.
+
+    Off CUDA there is no SyncBatchNorm to suggest (the CLI already said it is off).
+    """
     norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     if not norms:
         return None
     synced = all(isinstance(m, nn.SyncBatchNorm) for m in norms)
-    if world_size > 1 and not synced:
+    if world_size > 1 and not synced and on_cuda:
         return (
             f"BatchNorm under {world_size} ranks without sync_batchnorm: each rank normalises "
             "its own slice of the batch. Add --trainer.sync_batchnorm true (CUDA) to use the "
@@ -56,6 +67,8 @@ def batchnorm_advice(model: nn.Module, world_size: int, accumulate: int, micro_b
 class TrainingHealth(Callback):
     """Throughput, data wait, peak memory and effective batch, on rank 0."""
 
+    clock: Callable[[], float] = staticmethod(perf_counter)
+
     def __init__(self, every_n_steps: int = 0, data_wait_warn: float = 0.3) -> None:
         self.every_n_steps = every_n_steps
         self.data_wait_warn = data_wait_warn
@@ -72,26 +85,29 @@ class TrainingHealth(Callback):
         self.summary = {}
         if trainer.strategy.root_device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(trainer.strategy.root_device)
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         advice = batchnorm_advice(
             pl_module,
             trainer.world_size,
             trainer.accumulate_grad_batches,
-            batch_sizes(trainer)[0],
+            loader_facts(trainer)["batch_size"],
+            on_cuda=trainer.strategy.root_device.type == "cuda",
         )
         if advice:
             rank_zero_warn(advice)
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # Fetching the epoch's first batch counts as waiting; validation does not.
-        self._ready = perf_counter()
+        self._ready = self.clock()
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self._start = perf_counter()
+        self._start = self.clock()
         if self._ready is not None:
             self.wait += self._start - self._ready
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self._ready = perf_counter()
+        self._ready = self.clock()
         if self._start is not None:
             self.compute += self._ready - self._start
         self.samples += batch_length(batch)
@@ -116,7 +132,7 @@ class TrainingHealth(Callback):
             "samples_per_s": round(self.samples * trainer.world_size / busy, 1) if busy else None,
             "data_wait_share": round(self.wait / busy, 3) if busy else None,
             "peak_memory_mib": peaks,
-            "effective_batch_size": batch_sizes(trainer)[1],
+            "effective_batch_size": loader_facts(trainer)["effective_batch_size"],
         }
 
     def report(self, trainer: Trainer, pl_module: LightningModule, final: bool) -> None:
@@ -135,8 +151,7 @@ class TrainingHealth(Callback):
         title = "Training health: " if final else "Training health so far: "
         rank_zero_info(title + " | ".join(parts))
         if final and facts["data_wait_share"] > self.data_wait_warn:
-            loader = getattr(trainer.datamodule, "loader_settings", None)
-            workers = getattr(loader, "num_workers", "?")
+            workers = loader_facts(trainer)["num_workers"]
             rank_zero_warn(
                 f"The model waited for data {100 * facts['data_wait_share']:.0f}% of the step "
                 f"time (threshold {100 * self.data_wait_warn:.0f}%). In this order: 1. more "

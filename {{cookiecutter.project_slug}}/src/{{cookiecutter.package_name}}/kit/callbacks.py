@@ -1,26 +1,25 @@
 """Callbacks that tell you what the run is really doing.
 
-`EnvironmentReport` prints, once on rank 0 when fit starts, everything that
+`EnvironmentReport` prints, once on rank 0 when training starts, everything that
 decides where and how fast the run goes: versions and build of torch, the GPUs
 (the free memory of its own), accelerator, strategy, world size, precision, batch
 sizes and loader settings. A wrong line here (a CPU build of torch, one device
-where you asked for eight) is cheaper to spot than a slow week.
+where you asked for eight) is cheaper to spot than a slow week. Batch size and
+loader settings are read from the training DataLoader itself, so they are shown
+for any DataModule.
 """
 
-import csv
-from collections.abc import Sequence
 from itertools import chain
-from pathlib import Path
 from typing import Any
 
 import lightning
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.utilities import rank_zero_info
+from torch.utils.data import DataLoader
 
-from {{ cookiecutter.package_name }}.doctor import build_name, cuda_devices
-from {{ cookiecutter.package_name }}.hints import RUN_CONTEXT
+from {{ cookiecutter.package_name }}.kit.doctor import build_name, cuda_devices
+from {{ cookiecutter.package_name }}.kit.hints import RUN_CONTEXT
 
 
 def torch_build() -> str:
@@ -28,18 +27,47 @@ def torch_build() -> str:
     return build_name(torch.version.cuda, getattr(torch.version, "hip", None))
 
 
-def batch_sizes(trainer: Trainer) -> tuple[int | None, int | None]:
-    """(per-device batch size, x accumulation x world size), or Nones without a batch size."""
-    batch_size = getattr(getattr(trainer, "datamodule", None), "batch_size", None)
-    if not batch_size:
-        return None, None
-    return batch_size, batch_size * trainer.accumulate_grad_batches * trainer.world_size
+def train_loader(trainer: Trainer) -> DataLoader | None:
+    """The training DataLoader once the fit loop built it (the first, if there are several)."""
+    try:
+        loaders = trainer.train_dataloader
+    except AttributeError:  # no fit loop data yet
+        return None
+    if isinstance(loaders, dict):
+        loaders = next(iter(loaders.values()), None)
+    elif isinstance(loaders, list | tuple):
+        loaders = loaders[0] if loaders else None
+    return loaders if isinstance(loaders, DataLoader) else None
+
+
+def loader_facts(trainer: Trainer) -> dict[str, Any]:
+    """Batch size (per device and effective) and loader settings of the training DataLoader."""
+    loader = train_loader(trainer)
+    if loader is None:
+        return dict.fromkeys(
+            (
+                "batch_size",
+                "effective_batch_size",
+                "num_workers",
+                "pin_memory",
+                "persistent_workers",
+            )
+        )
+    batch_size = loader.batch_size or getattr(loader.batch_sampler, "batch_size", None)
+    effective = None
+    if batch_size:
+        effective = batch_size * trainer.accumulate_grad_batches * trainer.world_size
+    return {
+        "batch_size": batch_size,
+        "effective_batch_size": effective,
+        "num_workers": loader.num_workers,
+        "pin_memory": loader.pin_memory,
+        "persistent_workers": loader.persistent_workers,
+    }
 
 
 def collect_environment(trainer: Trainer) -> dict[str, Any]:
     """The facts of the report, as plain values (tests and scripts read these)."""
-    batch_size, effective = batch_sizes(trainer)
-    loader = getattr(getattr(trainer, "datamodule", None), "loader_settings", None)
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     device = trainer.strategy.root_device
     return {
@@ -58,12 +86,8 @@ def collect_environment(trainer: Trainer) -> dict[str, Any]:
         "world_size": trainer.world_size,
         "precision": trainer.precision,
         "matmul_precision": torch.get_float32_matmul_precision(),
-        "batch_size": batch_size,
         "accumulate_grad_batches": trainer.accumulate_grad_batches,
-        "effective_batch_size": effective,
-        "num_workers": getattr(loader, "num_workers", None),
-        "pin_memory": getattr(loader, "pin_memory", None),
-        "persistent_workers": getattr(loader, "persistent_workers", None),
+        **loader_facts(trainer),
     }
 
 
@@ -102,12 +126,12 @@ def format_environment(facts: dict[str, Any]) -> str:
 
 
 class EnvironmentReport(Callback):
-    """Prints the environment report on rank 0 when fit starts."""
+    """Prints the environment report on rank 0 when training starts."""
 
     def __init__(self) -> None:
         self.facts: dict[str, Any] = {}
 
-    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.is_global_zero:  # one report per run; no communication needed
             self.facts = collect_environment(trainer)
             rank_zero_info(format_environment(self.facts))
@@ -122,9 +146,13 @@ class FailureContext(Callback):
             precision=trainer.precision,
             devices=trainer.num_devices,
             accumulate_grad_batches=trainer.accumulate_grad_batches,
-            batch_size=batch_sizes(trainer)[0],
             cuda_device_count=torch.cuda.device_count(),
         )
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        batch_size = loader_facts(trainer)["batch_size"]
+        if batch_size:
+            RUN_CONTEXT["batch_size"] = batch_size
 
     def on_exception(
         self, trainer: Trainer, pl_module: LightningModule, exception: BaseException
@@ -136,50 +164,3 @@ class FailureContext(Callback):
             device: names[:4] + ([f"... {len(names) - 4} more"] if len(names) > 4 else [])
             for device, names in where.items()
         }
-
-
-class PredictionWriter(BasePredictionWriter):
-    """`predict` writes its outputs to a CSV file: the sample's index in the
-    predict set, then the model's `prediction_columns` (for the digits model:
-    predicted class and its probability).
-
-    `--predictions.output` sets the file (default `predictions.csv`). Under DDP
-    every rank writes its own share, `<stem>.rank<R>.csv`; the indices say
-    where each row belongs.
-    """
-
-    def __init__(self, output: str = "predictions.csv") -> None:
-        super().__init__(write_interval="epoch")
-        self.output = output
-
-    def path(self, trainer: Trainer) -> Path:
-        path = Path(self.output)
-        if trainer.world_size > 1:
-            path = path.with_name(f"{path.stem}.rank{trainer.global_rank}{path.suffix}")
-        return path
-
-    def write_on_epoch_end(
-        self,
-        trainer: Trainer,
-        pl_module: LightningModule,
-        predictions: Sequence[Any],
-        batch_indices: Sequence[Any],
-    ) -> None:
-        # `batch_indices` is per dataloader, then per batch; `predictions` is per
-        # batch when there is one dataloader.
-        if len(batch_indices) != 1:
-            raise ValueError(f"one predict dataloader can be written, not {len(batch_indices)}")
-        columns = None
-        rows = []
-        for outputs, indices in zip(predictions, batch_indices[0], strict=True):
-            named = pl_module.prediction_columns(outputs)
-            columns = columns or list(named)
-            values = [column.detach().cpu().tolist() for column in named.values()]
-            rows += [[index, *row] for index, *row in zip(indices, *values, strict=True)]
-        path = self.path(trainer)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("w", newline="") as file:
-            writer = csv.writer(file)
-            writer.writerow(["index", *(columns or [])])
-            writer.writerows(sorted(rows))
-        rank_zero_info(f"Wrote {len(rows)} predictions to {path}")

@@ -21,6 +21,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from {{ cookiecutter.package_name }}.kit.runs import continue_run, run_candidates
+
 RESUMABLE = ("last.ckpt", "interrupted.ckpt")
 # Checking every byte's CRC costs about a second a GB; above this, only the structure.
 CRC_CHECK_MAX_BYTES = 2 * 1024**3
@@ -61,22 +63,6 @@ def check_checkpoint(path: str | Path) -> Path:
     return file
 
 
-def _run_dirs(logger: dict[str, Any]) -> tuple[str, list[Path]]:
-    """(the logger argument that names a run, the run directories that may hold checkpoints)."""
-    init = logger["init_args"]
-    if "run_id" in init:  # MLflow: <save_dir>/<experiment id>/<run id>/checkpoints
-        save_dir = Path(init.get("save_dir") or "mlruns")
-        return "run_id", list(save_dir.glob(f"*/{init.get('run_id') or '*'}"))
-    save_dir = Path(init.get("save_dir") or ".")
-    experiment = save_dir / str(init.get("name") or "")
-    version = init.get("version")
-    if version is None:
-        return "version", list(experiment.glob("*"))
-    if isinstance(version, int):
-        version = f"version_{version}"
-    return "version", [experiment / str(version)]
-
-
 def newest_resumable(runs: Iterable[Path], root: Path | None = None) -> Path | None:
     """The most recently written `last.ckpt` or `interrupted.ckpt` in `runs`, or
     `hpc_ckpt_N.ckpt` in `root` (what Lightning saves when SLURM preempts a job)."""
@@ -95,17 +81,15 @@ def resolve_last(config: dict[str, Any]) -> Path | None:
     (nothing to resume: Lightning then warns and starts afresh).
     """
     logger = config.get("trainer", {}).get("logger")
-    if config.get("ckpt_path") != "last" or not hasattr(logger, "get"):
+    if config.get("ckpt_path") != "last":
         return None
-    if not logger.get("class_path") or logger.get("init_args") is None:
-        return None
-    key, runs = _run_dirs(logger)
-    found = newest_resumable(runs, Path(config["trainer"].get("default_root_dir") or "."))
+    root = Path(config["trainer"].get("default_root_dir") or ".")
+    found = newest_resumable(run_candidates(logger), root)
     if found is None:
         return None
     config["ckpt_path"] = str(found)
     if found.parent.name == "checkpoints":  # not an hpc checkpoint: continue its run
-        logger["init_args"][key] = found.parent.parent.name
+        continue_run(logger, found.parent.parent)
     rank_zero_info(f"Resuming from {found} (the newest of {', '.join(RESUMABLE)}, hpc_ckpt_*)")
     return found
 
@@ -156,10 +140,42 @@ class InterruptCheckpoint(Callback):
         path = self._path(trainer)
         if path is None or not isinstance(exception, (SIGTERMException, KeyboardInterrupt)):
             return
-        trainer.save_checkpoint(path)
+        if trainer.global_step == 0:  # not a step taken: nothing to resume
+            return
+        # The full training state, to resume from (weights_only is for loading).
+        trainer.save_checkpoint(path, weights_only=False)
         rank_zero_info(f"Stopped: saved {path}; continue with `fit --ckpt_path last`")
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         path = self._path(trainer)
         if trainer.is_global_zero and path is not None and path.exists():
             path.unlink()
+
+
+class ResumeCheck(Callback):
+    """Says so when a resumed run had nothing left to do, and how to continue it."""
+
+    def __init__(self) -> None:
+        self._stepped = False
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._stepped = False
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        self._stepped = True
+
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not trainer.ckpt_path or self._stepped:
+            return
+        if trainer.max_epochs is not None and trainer.current_epoch >= trainer.max_epochs:
+            rank_zero_info(
+                f"{trainer.ckpt_path} is from a finished run: it already trained"
+                f" {trainer.current_epoch} epochs (max_epochs={trainer.max_epochs}). To train"
+                f" it further, raise --trainer.max_epochs (e.g. {2 * trainer.max_epochs})."
+            )
+        elif trainer.max_steps not in (None, -1) and trainer.global_step >= trainer.max_steps:
+            rank_zero_info(
+                f"{trainer.ckpt_path} is from a finished run: it already took"
+                f" {trainer.global_step} steps (max_steps={trainer.max_steps}). To train it"
+                " further, raise --trainer.max_steps."
+            )

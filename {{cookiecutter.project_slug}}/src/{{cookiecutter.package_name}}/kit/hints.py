@@ -2,7 +2,7 @@
 
 `HINTS` is the one table: the CLI prints the matching entry after a traceback,
 and the README's troubleshooting table is generated from it
-(`python -m {{ cookiecutter.package_name }}.hints` prints it; a test keeps them equal).
+(`python -m {{ cookiecutter.package_name }}.kit.hints` prints it; a test keeps them equal).
 Plain Python: no Lightning import, so it works when Lightning's install does not.
 """
 
@@ -158,9 +158,15 @@ HINTS: tuple[Hint, ...] = (
     Hint(
         symptom="SyncBatchNorm layers only work with GPU modules",
         pattern=r"SyncBatchNorm layers only work with GPU modules",
-        meaning="`sync_batchnorm` needs CUDA; this DDP run is on CPUs.",
-        causes=("`configs/ddp.yaml` (sync_batchnorm on) used with `--trainer.accelerator cpu`",),
-        fixes=("add `--trainer.sync_batchnorm false` on CPUs",),
+        meaning="SyncBatchNorm needs CUDA; this run is on CPUs.",
+        causes=(
+            "`nn.SyncBatchNorm` built or converted in the model's own code",
+            "(`--trainer.sync_batchnorm true` is switched off by the CLI where there is no CUDA)",
+        ),
+        fixes=(
+            "build plain `nn.BatchNorm*d` and let the trainer convert them:"
+            " `--trainer.sync_batchnorm true`, which takes effect on CUDA only",
+        ),
     ),
     Hint(
         symptom="NCCL/gloo timeout or connection error between ranks",

@@ -1,7 +1,7 @@
-"""The command line: Lightning's own CLI, with this project's defaults.
+"""The command line: Lightning's own CLI, with this project's callbacks and defaults.
 
-    {{ cookiecutter.project_slug }} fit                       # train the example
-    {{ cookiecutter.project_slug }} fit --config configs/gpu.yaml --data.batch_size 256
+    {{ cookiecutter.project_slug }} fit                       # train what project.py names
+    {{ cookiecutter.project_slug }} fit --config configs/gpu.yaml --trainer.max_epochs 5
     {{ cookiecutter.project_slug }} fit --print_config        # the full, resolved config
     {{ cookiecutter.project_slug }} fit --ckpt_path last      # continue the newest run
     {{ cookiecutter.project_slug }} validate|test|predict --ckpt_path <file>
@@ -13,69 +13,66 @@
 import os
 import sys
 import traceback
+import warnings
+from pathlib import Path
+from typing import Any
 
 import torch
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
-from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from {{ cookiecutter.package_name }}.callbacks import (
-    EnvironmentReport,
-    FailureContext,
-    PredictionWriter,
-)
-from {{ cookiecutter.package_name }}.checkpoints import (
+from {{ cookiecutter.package_name }}.kit.callbacks import EnvironmentReport, FailureContext
+from {{ cookiecutter.package_name }}.kit.checkpoints import (
     BestAndLast,
     CheckpointError,
     InterruptCheckpoint,
+    ResumeCheck,
     check_checkpoint,
     resolve_last,
 )
-{%- if cookiecutter.example == "digits" %}
-from {{ cookiecutter.package_name }}.data import DigitsDataModule as DataModule
-{%- else %}
-from {{ cookiecutter.package_name }}.data import SyntheticRegressionDataModule as DataModule
-{%- endif %}
-from {{ cookiecutter.package_name }}.hardware import (
+from {{ cookiecutter.package_name }}.kit.hardware import (
     cuda_capabilities,
+    mps_available,
     resolve_precision,
+    run_accelerator,
     use_tensor_cores,
 )
-from {{ cookiecutter.package_name }}.health import TrainingHealth
-from {{ cookiecutter.package_name }}.hints import RUN_CONTEXT, explain
-{%- if cookiecutter.example == "digits" %}
-from {{ cookiecutter.package_name }}.model import DigitsClassifier as Model
-{%- else %}
-from {{ cookiecutter.package_name }}.model import Regressor as Model
-{%- endif %}
-
-# The metric that picks the best checkpoint, and which way is better.
-{%- if cookiecutter.example == "digits" %}
-MONITOR, MODE = "val/acc", "max"
-{%- else %}
-MONITOR, MODE = "val/loss", "min"
-{%- endif %}
+from {{ cookiecutter.package_name }}.kit.health import TrainingHealth
+from {{ cookiecutter.package_name }}.kit.hints import RUN_CONTEXT, explain
+from {{ cookiecutter.package_name }}.kit.predict import PredictionWriter
+from {{ cookiecutter.package_name }}.kit.runs import (
+    DiscardFailedStart,
+    claim_new_run,
+    continue_run,
+    is_first_process,
+    run_directory,
+    run_of_checkpoint,
+)
+from {{ cookiecutter.package_name }}.project import MODE, MONITOR, DataModule, Model
 
 TRAINER_DEFAULTS = {
     "max_epochs": 20,
     # A few dozen steps an epoch here: log often enough to see a curve.
     "log_every_n_steps": 10,
 {%- if cookiecutter.logger == "tensorboard" %}
+    # Every run in its own logs/version_N/ (config, metrics, checkpoints).
     "logger": {
         "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
-        "init_args": {"save_dir": "logs", "name": "{{ cookiecutter.example }}"},
+        "init_args": {"save_dir": ".", "name": "logs", "default_hp_metric": False},
     },
 {%- elif cookiecutter.logger == "csv" %}
+    # Every run in its own logs/version_N/ (config, metrics.csv, checkpoints).
     "logger": {
-        "class_path": "lightning.pytorch.loggers.CSVLogger",
-        "init_args": {"save_dir": "logs", "name": "{{ cookiecutter.example }}"},
+        "class_path": "{{ cookiecutter.package_name }}.kit.runs.CSVLogger",
+        "init_args": {"save_dir": ".", "name": "logs"},
     },
 {%- else %}
     # A local MLflow file store under mlruns/: no server, works offline.
     "logger": {
         "class_path": "lightning.pytorch.loggers.MLFlowLogger",
-        "init_args": {"experiment_name": "{{ cookiecutter.example }}", "save_dir": "mlruns"},
+        "init_args": {"experiment_name": "{{ cookiecutter.project_slug }}", "save_dir": "mlruns"},
     },
 {%- endif %}
 }
@@ -87,26 +84,55 @@ os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
 {%- endif %}
 
 
+def resolve_hardware(trainer: dict[str, Any], say=rank_zero_info) -> None:
+    """Fill in what depends on the accelerator the run will use, in a trainer config.
+
+    Precision when none is given (`--trainer.precision` always wins); and
+    SyncBatchNorm only on CUDA, the one place it works.
+    """
+    cuda, bf16 = cuda_capabilities()
+    accelerator = run_accelerator(trainer.get("accelerator", "auto"), cuda, mps_available())
+    if trainer.get("precision") is None:
+        trainer["precision"] = resolve_precision(accelerator, bf16)
+    if trainer.get("sync_batchnorm") and accelerator != "cuda":
+        trainer["sync_batchnorm"] = False
+        say(
+            f"sync_batchnorm off: SyncBatchNorm works on CUDA only and this run uses"
+            f" {accelerator}; each rank normalises its own part of the batch"
+        )
+
+
+class ProjectParser(LightningArgumentParser):
+    """Lightning's parser; `--print_config` shows the precision the run will use."""
+
+    def dump(self, cfg, *args, **kwargs) -> str:
+        if "skip_none" in kwargs:  # Lightning's own calls still use the old name
+            kwargs["skip_unset"] = kwargs.pop("skip_none")
+        if "trainer" in cfg and cfg.get("trainer.precision") is None:
+            cfg = cfg.clone()
+            resolve_hardware(cfg["trainer"], say=lambda line: None)
+        return super().dump(cfg, *args, **kwargs)
+
+
 class SaveRunConfig(SaveConfigCallback):
     """Lightning's config.yaml, written into the run's own directory for every logger.
 
-    TensorBoard and CSV runs already get it there; other loggers (MLflow) would
-    share one file at the top of their store, overwritten by every run.
+    (Lightning's own callback would put MLflow's at the top of its store, one
+    file overwritten by every run.) Only `fit` writes it: `validate` and `test`
+    logging into a run keep its config; a run without a logger has no directory.
     """
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        logger = trainer.logger
-        if self.already_saved or isinstance(logger, (type(None), TensorBoardLogger, CSVLogger)):
-            super().setup(trainer, pl_module, stage)
+        if stage != "fit" or self.already_saved or trainer.logger is None:
             return
-        # Where the checkpoints of the run go too: <save_dir>/<name>/<version>.
-        root = logger.save_dir or trainer.default_root_dir
-        run_dir = os.path.join(root, str(logger.name), str(logger.version))
-        run_dir = trainer.strategy.broadcast(run_dir)
+        run = str(run_directory(trainer)) if trainer.is_global_zero else None
+        run = trainer.strategy.broadcast(run)
         if trainer.is_global_zero:
-            os.makedirs(run_dir, exist_ok=True)
-            path = os.path.join(run_dir, self.config_filename)
-            self.parser.save(self.config, path, skip_none=False, overwrite=True)
+            os.makedirs(run, exist_ok=True)
+            path = os.path.join(run, self.config_filename)
+            self.parser.save(
+                self.config, path, skip_unset=False, overwrite=True, multifile=self.multifile
+            )
             self.save_config(trainer, pl_module, stage)
         self.already_saved = True
 
@@ -120,7 +146,16 @@ class ProjectCLI(LightningCLI):
         first = words[0] if isinstance(words, list) and words else None
         # Each subcommand's parser costs ~0.2 s to build: build only the one asked for.
         self._only = first if first in LightningCLI.subcommands() else None
-        super().__init__(*args, **kwargs)
+        self._new_run: bool = False
+        self._claimed: Path | None = None
+        try:
+            super().__init__(*args, **kwargs)
+        except BaseException:
+            # A run that failed before the Trainer started leaves no empty directory.
+            if self._claimed is not None and self._claimed.is_dir():
+                if not any(self._claimed.iterdir()):
+                    self._claimed.rmdir()
+            raise
 
     def subcommands(self) -> dict[str, set[str]]:
         everything = LightningCLI.subcommands()
@@ -145,18 +180,18 @@ class ProjectCLI(LightningCLI):
         parser.add_lightning_class_args(TrainingHealth, "health")
         parser.add_lightning_class_args(FailureContext, "failure_context")
         parser.add_lightning_class_args(InterruptCheckpoint, "interrupt_checkpoint")
+        parser.add_lightning_class_args(ResumeCheck, "resume_check")
+        parser.add_lightning_class_args(DiscardFailedStart, "discard_failed_start")
         parser.add_lightning_class_args(PredictionWriter, "predictions")
-        # Precision from the hardware unless given (--trainer.precision wins);
-        # --print_config shows the resolved value.
-        parser.set_defaults({"trainer.precision": resolve_precision(*cuda_capabilities())})
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         super().parse_arguments(parser, args)
-        config = self.config.get(self.config.get("subcommand") or "")
+        subcommand = self.config.get("subcommand")
+        config = self.config.get(subcommand or "")
         if config is None:
             return
-{%- if cookiecutter.logger == "mlflow" %}
         logger = config.get("trainer", {}).get("logger")
+{%- if cookiecutter.logger == "mlflow" %}
         init = getattr(logger, "init_args", None)
         if init is not None and "tracking_uri" in init and not init.get("tracking_uri"):
             # MLflow caches its store by URI: a relative one would follow the
@@ -166,10 +201,34 @@ class ProjectCLI(LightningCLI):
         # Before Lightning reads the checkpoint's hyperparameters:
         # `--ckpt_path last` becomes the newest checkpoint of the newest run
         # (and the logger continues that run); a damaged file is refused by name.
-        resolve_last(config)
+        if subcommand == "fit" and resolve_last(config):
+            # Continuing a run: its checkpoint folder is expected to hold files.
+            warnings.filterwarnings("ignore", r"Checkpoint directory .* exists and is not empty")
+        elif subcommand == "fit":
+            self._start_new_run(config)
         ckpt_path = config.get("ckpt_path")
-        if ckpt_path not in (None, "last", "best", "hpc"):
-            check_checkpoint(ckpt_path)
+        if ckpt_path in (None, "last", "best", "hpc"):
+            return
+        checkpoint = check_checkpoint(ckpt_path)
+        run = run_of_checkpoint(checkpoint)
+        if subcommand in ("validate", "test") and run and continue_run(logger, run):
+            rank_zero_info(f"Logging {subcommand} into the checkpoint's run, {run}")
+
+    def _start_new_run(self, config) -> None:
+        """A fit that continues no run gets a run directory of its own (claimed by rank 0)."""
+        trainer = config.get("trainer", {})
+        logger = trainer.get("logger")
+        if not logger or trainer.get("fast_dev_run"):
+            return
+        self._new_run = True
+        if is_first_process():
+            self._claimed = claim_new_run(logger)
+
+    def instantiate_classes(self) -> None:
+        super().instantiate_classes()
+        for callback in self.trainer.callbacks:
+            if isinstance(callback, DiscardFailedStart):
+                callback.new_run = self._new_run
 
     def before_instantiate_classes(self) -> None:
         use_tensor_cores()
@@ -177,11 +236,14 @@ class ProjectCLI(LightningCLI):
         if "weights_only" in config and config.get("weights_only") is None:
             # Tensors and plain values only: a checkpoint cannot run code when loaded.
             config["weights_only"] = True
+        trainer = config["trainer"]
+        resolve_hardware(trainer)
+        if self.subcommand == "predict":
+            trainer["logger"] = False  # predictions go to their CSV file, not a new run
         # What the error hints quote if building the Trainer already fails.
-        trainer = config.get("trainer", {})
         RUN_CONTEXT.clear()
         RUN_CONTEXT.update(
-            batch_size=config.get("data", {}).get("batch_size"),
+            batch_size=(config.get("data") or {}).get("batch_size"),
             precision=trainer.get("precision"),
             accumulate_grad_batches=trainer.get("accumulate_grad_batches"),
             devices=trainer.get("devices"),
@@ -201,7 +263,8 @@ def main(args: list[str] | None = None, **cli_kwargs) -> ProjectCLI:
         args=args,
         trainer_defaults=TRAINER_DEFAULTS,
         seed_everything_default=42,
-        # The model injects its own optimizer (--model.optimizer), so the
+        parser_class=ProjectParser,
+        # The model builds its own optimizer in configure_optimizers, so the
         # CLI's generic --optimizer/--lr_scheduler groups stay off.
         auto_configure_optimizers=False,
         # config.yaml goes into the run's directory, beside checkpoints/; a

@@ -1,0 +1,221 @@
+"""Every shell command of both READMEs runs as written, on a fresh render.
+
+Each command of a ```bash block must match one rule below, which says how the
+test runs it: as written, or with a stated adaptation (the torch build is the
+machine's; a new virtual environment also sees the packages this one has, so
+nothing is downloaded again), or where else it is tested. A command no rule
+knows fails the test, so a new README command needs a rule.
+"""
+
+import os
+import re
+import shlex
+import site
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import TEMPLATE, env_without_mlflow_uri, render
+
+TORCH = f"torch=={torch.__version__.split('+')[0]}"
+# The venvs the READMEs create see this environment's packages through a .pth file.
+SHARE_PACKAGES = (
+    'python -c "import sys, sysconfig; '
+    "open(sysconfig.get_path('purelib') + '/parent_env.pth', 'w').write("
+    + repr("\n".join(site.getsitepackages()))
+    + ')"'
+)
+
+
+def commands_of(readme: str) -> list[str]:
+    """The commands of every ```bash block, continuation lines joined, comments dropped."""
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", readme, re.DOTALL):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = re.sub(r"\s{2,}#.*$", "", line).strip()
+            if line and not line.startswith("#"):
+                commands.append(line)
+    return commands
+
+
+def server(command: str, url: str) -> str:
+    """Start a server, wait until `url` answers (its answer goes to server-answer.txt), stop it."""
+    probe = (
+        "python - <<'PY'\n"
+        "import time, urllib.request\n"
+        "for _ in range(240):\n"
+        "    try:\n"
+        f"        answer = urllib.request.urlopen({url!r}, timeout=5).read()\n"
+        "        break\n"
+        "    except Exception:\n"
+        "        time.sleep(0.5)\n"
+        "else:\n"
+        f"    raise SystemExit('no answer from {url}')\n"
+        "open('server-answer.txt', 'wb').write(answer)\n"
+        "PY"
+    )
+    return (
+        f"{command} > server.log 2>&1 & server=$!\n{probe}\nrc=$?\n"
+        "kill $server; wait $server\n"
+        "[ $rc -eq 0 ] || { cat server.log >&2; exit 1; }"
+    )
+
+
+# (pattern, how): "run" as written; "expect N" as written, exit code N; "server URL";
+# "replace WITH" (run WITH instead, the reason in a comment); "covered WHERE"; "skip WHY".
+GPU = torch.cuda.is_available()
+RENDERED_RULES = [
+    (r"python -m venv \.venv && source \.venv/bin/activate", "then " + SHARE_PACKAGES),
+    (r"pip install torch", f"replace pip install {TORCH}"),  # the machine's build
+    (r'pip install -e "\.\[dev\]"', "run"),
+    (r"\S+ --help", "run"),
+    (r"\S+ fit( --print_config| --data\.batch_size 256 --trainer\.max_epochs 5)?", "run"),
+    (r"\S+ fit --model\.optimizer SGD --model\.optimizer\.lr 0\.05", "run"),
+    (r"\S+ fit --config configs/accumulate\.yaml --config configs/profile\.yaml", "run"),
+    (r"\S+ (validate|test|predict) +--ckpt_path \$CKPT", "run"),
+    (r"\S+ export +--ckpt_path \$CKPT --output model\.pt", "run"),
+    (r"\S+ doctor( --json)?", "run"),
+    (r"\S+ doctor --require-gpu", "run" if GPU else "expect 1"),
+    (r"tensorboard --logdir logs", "server http://localhost:6006"),
+    (r'pip install "mlflow>=3,<4"', "run"),
+    (
+        r"MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri mlruns",
+        "server http://127.0.0.1:5000",
+    ),
+    (r'pytest( -m "not slow")?', "covered tests/test_rendered_project.py runs the suite"),
+    (r"ruff check \. && ruff format --check \.", "run"),
+    (r"git init && pre-commit install", "run"),
+    (r"cruft (check|update|link .*)", "covered tests/test_ecosystem.py (a cruft-made project)"),
+]
+TEMPLATE_RULES = [
+    (r"bash scripts/demo\.sh", "covered test_demo_renders_installs_and_trains below"),
+    (r"bash scripts/test\.sh", "covered .ci/run: this very suite"),
+    (r'pip install "cookiecutter>=2\.7"', "run"),
+    (r"cookiecutter gh:<org>/cookiecutter-lightning", "skip a placeholder for the hosted copy"),
+    (
+        r'cookiecutter path/to/cookiecutter-lightning --no-input project_name="Digit Lab"',
+        f"replace cookiecutter {shlex.quote(str(TEMPLATE))} --no-input project_name='Digit Lab'",
+    ),
+    (r"cd digit-lab", "run"),
+    *RENDERED_RULES,
+]
+
+
+def how(command: str, rules: list) -> str:
+    matches = [action for pattern, action in rules if re.fullmatch(pattern, command)]
+    assert len(matches) == 1, f"README command {command!r} matches {len(matches)} rules"
+    return matches[0]
+
+
+def script_for(commands: list[str], rules: list, before: dict[str, str]) -> str:
+    """A bash script that runs each command as its rule says and stops at the first failure."""
+    lines = []
+    for command in commands:
+        action = how(command, rules)
+        verb, _, rest = action.partition(" ")
+        if verb in ("covered", "skip"):
+            lines.append(f"echo {shlex.quote(f'# {command}: {action}')}")
+            continue
+        lines += [line for pattern, line in before.items() if re.search(pattern, command)]
+        run = rest if verb == "replace" else command
+        lines.append(f"echo {shlex.quote('$ ' + run)}")
+        if verb == "server":
+            lines.append(server(run, rest))
+            continue
+        expected = int(rest) if verb == "expect" else 0
+        lines.append(run)
+        lines.append(
+            f"rc=$?; [ $rc -eq {expected} ] || "
+            f"{{ echo FAILED with exit $rc: {shlex.quote(run)} >&2; exit 1; }}"
+        )
+        if verb == "then":
+            lines.append(rest)
+    return "\n".join(lines) + "\n"
+
+
+def run_script(script: str, cwd: Path, timeout: float = 1200) -> str:
+    env = env_without_mlflow_uri()
+    env.pop("VIRTUAL_ENV", None)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env["PATH"]])
+    result = subprocess.run(
+        ["bash", "-c", script], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    output = f"--- stdout ---\n{result.stdout[-8000:]}\n--- stderr ---\n{result.stderr[-8000:]}"
+    assert result.returncode == 0, output
+    return result.stdout
+
+
+# Where $CKPT comes from: the README says "any .ckpt above".
+CKPT = {r"\$CKPT": "export CKPT=$(ls logs/version_*/checkpoints/best-*.ckpt | head -n 1)"}
+
+
+@pytest.mark.slow
+def test_every_command_of_the_rendered_readme(tmp_path):
+    project = render(tmp_path)
+    readme = (project / "README.md").read_text()
+    out = run_script(script_for(commands_of(readme), RENDERED_RULES, CKPT), cwd=project)
+    assert "usage: my-lightning-project <command>" in out and "  export " in out
+    assert (project / "predictions.csv").is_file() and (project / "model.pt").is_file()
+    assert (project / ".git" / "hooks" / "pre-commit").is_file()
+
+
+@pytest.mark.slow
+def test_the_mlflow_readme_commands(tmp_path):
+    """The commands only the MLflow render has: the full MLflow, and its UI over the runs."""
+    project = render(tmp_path, logger="mlflow", example="minimal")
+    default = set(commands_of((render(tmp_path / "default") / "README.md").read_text()))
+    own = [c for c in commands_of((project / "README.md").read_text()) if c not in default]
+    assert own == [
+        'pip install "mlflow>=3,<4"',
+        "MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri mlruns",
+    ]
+    fit = f"{shlex.quote(sys.executable)} -m my_lightning_project fit --trainer.max_epochs=1"
+    experiments = "http://127.0.0.1:5000/ajax-api/2.0/mlflow/experiments/search?max_results=10"
+    script = f"export PYTHONPATH=src\n{fit} > fit.log 2>&1 || exit 1\n" + script_for(
+        own, RENDERED_RULES, {}
+    ).replace("http://127.0.0.1:5000", experiments)
+    run_script(script, cwd=project)
+    assert '"name": "my-lightning-project"' in (project / "server-answer.txt").read_text()
+
+
+@pytest.mark.slow
+def test_every_command_of_the_template_readme(tmp_path):
+    readme = (TEMPLATE / "README.md").read_text()
+    run_script(script_for(commands_of(readme), TEMPLATE_RULES, {}), cwd=tmp_path)
+    project = tmp_path / "digit-lab"
+    assert (project / "logs" / "version_0" / "checkpoints" / "last.ckpt").is_file()
+
+
+@pytest.mark.slow
+def test_demo_renders_installs_and_trains(tmp_path):
+    venv = tmp_path / "venv"
+    script = (
+        f"{shlex.quote(sys.executable)} -m venv {venv} && . {venv}/bin/activate && "
+        f"{SHARE_PACKAGES} && deactivate && "
+        f"VENV={venv} DEMO_DIR={tmp_path / 'demo'} bash scripts/demo.sh"
+    )
+    env = {**env_without_mlflow_uri(), "TORCH_SPEC": TORCH}
+    result = subprocess.run(
+        ["bash", "-c", script], cwd=TEMPLATE, env=env, capture_output=True, text=True, timeout=1200
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-6000:]
+    for step in ("==> Installing torch", "==> Rendering the template", "==> Training the example"):
+        assert step in result.stderr, step
+    run = tmp_path / "demo" / "my-lightning-project" / "logs" / "version_0"
+    assert (run / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_commands_are_read_from_every_bash_block():
+    readme = "```bash\na  # note\n# only a comment\nb \\\n  --flag\n```\ntext\n```bash\nc\n```\n"
+    assert commands_of(readme) == ["a", "b    --flag", "c"]
+
+
+def test_every_rendered_and_template_command_has_exactly_one_rule(tmp_path):
+    for answers in ({}, {"logger": "mlflow"}, {"logger": "csv", "cluster": False, "ci": False}):
+        readme = (render(tmp_path / str(len(answers)), **answers) / "README.md").read_text()
+        for command in commands_of(readme):
+            how(command, RENDERED_RULES)
+    for command in commands_of((TEMPLATE / "README.md").read_text()):
+        how(command, TEMPLATE_RULES)

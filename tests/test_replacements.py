@@ -1,0 +1,53 @@
+"""Replace the example with problems of other shapes; the kit's tests pass unchanged.
+
+Each problem in `replacements/` is what a user writes: `project.py`, `model.py`
+and `data.py`. It is copied into a fresh render, the example's own tests are
+deleted, and the kit's tests run with no edit anywhere else: the quick ones,
+and the slow ones that touch what differs from the example (a fit to the
+problem's own target, evaluation and predictions, an exact resume, DDP).
+"""
+
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import env_without_mlflow_uri, python, render, run
+
+REPLACEMENTS = Path(__file__).parent / "replacements"
+USER_FILES = ("project.py", "model.py", "data.py")
+# Beyond the quick tests: the slow kit tests each problem puts to work.
+SLOW = {
+    "text": ["tests/test_cli.py", "tests/test_ddp.py"],  # dict batches under DDP
+    "tabular": [  # an exact resume with an optimizer that keeps no state
+        "tests/test_cli.py",
+        "tests/test_faults.py::test_resume_after_sigkill_continues_from_the_last_checkpoint",
+    ],
+    "transformer": ["tests/test_cli.py"],
+}
+
+
+def counts(output: str) -> dict[str, int]:
+    found = re.findall(r"(\d+) (passed|failed|errors?|skipped)", output)
+    return {word: int(n) for n, word in found}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("problem", sorted(SLOW))
+def test_the_kit_tests_pass_for_another_problem(tmp_path, problem):
+    project = render(tmp_path)
+    package = project / "src" / "my_lightning_project"
+    for name in USER_FILES:
+        shutil.copy(REPLACEMENTS / problem / name, package / name)
+    (project / "tests" / "test_example.py").unlink()
+    python("-m", "ruff", "check", "--no-cache", ".", cwd=project)
+    env = env_without_mlflow_uri()
+    pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0"]
+    quick = run([*pytest, "-m", "not slow"], cwd=project, env=env, timeout=1200)
+    slow = run([*pytest, "-m", "slow", *SLOW[problem]], cwd=project, env=env, timeout=1200)
+    for result in (quick, slow):
+        found = counts(result.stdout)
+        assert not found.get("failed") and not found.get("error"), result.stdout[-4000:]
+    assert counts(quick.stdout)["passed"] >= 80, quick.stdout[-2000:]
+    assert counts(slow.stdout)["passed"] >= 3, slow.stdout[-2000:]

@@ -1,0 +1,193 @@
+"""Loader settings from the machine, and a DataModule built from named splits.
+
+Loader settings follow the guide (3.1): worker processes so the accelerator never
+waits on Python, pinned memory when batches go to a CUDA device, and workers
+kept alive between epochs. `SplitDataModule` resolves each one at `setup` from
+the machine and the Trainer unless you set it (`--data.num_workers 4`,
+`--data.pin_memory false`). Using it is optional: the rest of the kit reads
+what it needs from the DataLoaders of any LightningDataModule.
+"""
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from lightning.pytorch import LightningDataModule
+from torch.utils.data import ConcatDataset, DataLoader, Dataset, Subset, TensorDataset
+
+MAX_WORKERS = 8
+
+
+@dataclass(frozen=True)
+class LoaderSettings:
+    num_workers: int
+    pin_memory: bool
+    persistent_workers: bool
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on (honours taskset and container limits)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS and Windows
+        return os.cpu_count() or 1
+
+
+def resolve_loader_settings(
+    num_workers: int | None,
+    pin_memory: bool | None,
+    *,
+    cpus: int,
+    local_world_size: int,
+    on_cuda: bool,
+    in_memory: bool = False,
+) -> LoaderSettings:
+    """Fill in the loader settings the user left unset.
+
+    Workers: the CPUs of this node shared among its ranks, one left for the
+    rank's own process, at most `MAX_WORKERS`; none for data already in memory,
+    where a worker does no loading and only adds copies between processes.
+    Pinned memory only pays off for copies to a CUDA device. Persistent workers
+    whenever there are workers, so they are not restarted every epoch.
+    """
+    if num_workers is None and in_memory:
+        num_workers = 0
+    elif num_workers is None:
+        per_rank = cpus // max(1, local_world_size)
+        num_workers = max(0, min(MAX_WORKERS, per_rank - 1))
+    if num_workers < 0:
+        raise ValueError(f"data.num_workers={num_workers}: must be 0 or more")
+    if pin_memory is None:
+        pin_memory = on_cuda
+    return LoaderSettings(num_workers, pin_memory, persistent_workers=num_workers > 0)
+
+
+def is_in_memory(dataset: Dataset) -> bool:
+    """Whether indexing `dataset` only slices tensors already in memory.
+
+    A dataset can say so itself with an `in_memory` attribute; tensors, and
+    subsets and concatenations of in-memory datasets, are; anything else is
+    taken to read or decode per item, where loader workers pay off.
+    """
+    declared = getattr(dataset, "in_memory", None)
+    if declared is not None:
+        return bool(declared)
+    if isinstance(dataset, TensorDataset):
+        return True
+    if isinstance(dataset, Subset):
+        return is_in_memory(dataset.dataset)
+    if isinstance(dataset, ConcatDataset):
+        return all(is_in_memory(part) for part in dataset.datasets)
+    return False
+
+
+def split_sizes(n: int, val_fraction: float, test_fraction: float) -> list[int]:
+    """Sizes of train/val/test for `n` samples; every split gets at least one."""
+    if not (0 < val_fraction < 1 and 0 < test_fraction < 1 and val_fraction + test_fraction < 1):
+        raise ValueError(
+            f"val_fraction={val_fraction}, test_fraction={test_fraction}: "
+            "each must be in (0, 1) and together below 1"
+        )
+    n_val = max(1, round(n * val_fraction))
+    n_test = max(1, round(n * test_fraction))
+    return [n - n_val - n_test, n_val, n_test]
+
+
+def split_dataset(
+    dataset: Dataset,
+    sizes: Sequence[int],
+    seed: int,
+    names: Sequence[str] = ("train", "val", "test"),
+) -> dict[str, Subset]:
+    """A fixed-seed split of any dataset, the same on every rank and every run."""
+    if sum(sizes) != len(dataset):
+        raise ValueError(f"split sizes {list(sizes)} add up to {sum(sizes)}, not {len(dataset)}")
+    order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed)).tolist()
+    splits, start = {}, 0
+    for name, size in zip(names, sizes, strict=True):
+        splits[name] = Subset(dataset, order[start : start + size])
+        start += size
+    return splits
+
+
+class SplitDataModule(LightningDataModule):
+    """A LightningDataModule made of named splits, with loader settings from the machine.
+
+    Subclasses return `{"train": ..., "val": ..., "test": ...}` from
+    `make_splits()`; any `Dataset` works. Define a `collate_fn(self, samples)`
+    method to batch samples your own way (padding, dicts). `predict` reads the
+    split named by `predict_split`.
+    """
+
+    collate_fn: Callable[[list[Any]], Any] | None = None
+
+    def __init__(
+        self,
+        batch_size: int = 64,
+        num_workers: int | None = None,
+        pin_memory: bool | None = None,
+        split_seed: int = 42,
+        predict_split: str = "test",
+    ):
+        super().__init__()
+        if batch_size < 1:
+            raise ValueError(f"data.batch_size={batch_size}: must be 1 or more")
+        self.save_hyperparameters()
+        self.batch_size = batch_size
+        # Resolved in `setup`, once the data and the Trainer are known.
+        self.loader_settings: LoaderSettings | None = None
+        self.splits: dict[str, Dataset] = {}
+
+    def make_splits(self) -> dict[str, Dataset]:
+        raise NotImplementedError(
+            f"{type(self).__name__}.make_splits() must return a dict of datasets by split name"
+        )
+
+    def setup(self, stage: str | None = None) -> None:
+        if not self.splits:
+            self.splits = self.make_splits()
+        trainer = self.trainer
+        self.loader_settings = resolve_loader_settings(
+            self.hparams.num_workers,
+            self.hparams.pin_memory,
+            cpus=available_cpus(),
+            local_world_size=trainer.num_devices if trainer else 1,
+            on_cuda=bool(trainer) and trainer.strategy.root_device.type == "cuda",
+            in_memory=all(is_in_memory(split) for split in self.splits.values()),
+        )
+
+    def loader(self, split: str, shuffle: bool = False) -> DataLoader:
+        """The DataLoader of one split, with the resolved settings."""
+        if self.loader_settings is None:
+            self.setup()
+        if split not in self.splits:
+            raise KeyError(
+                f"no {split!r} split: {type(self).__name__}.make_splits() returned "
+                f"{sorted(self.splits)}"
+            )
+        settings = self.loader_settings
+        return DataLoader(
+            self.splits[split],
+            batch_size=self.batch_size,
+            shuffle=shuffle,
+            num_workers=settings.num_workers,
+            pin_memory=settings.pin_memory,
+            persistent_workers=settings.persistent_workers,
+            collate_fn=self.collate_fn,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        # Under DDP, Lightning swaps in a DistributedSampler and sets its epoch
+        # every epoch, so ranks see disjoint samples in a new order each time.
+        return self.loader("train", shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self.loader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self.loader("test")
+
+    def predict_dataloader(self) -> DataLoader:
+        return self.loader(self.hparams.predict_split)

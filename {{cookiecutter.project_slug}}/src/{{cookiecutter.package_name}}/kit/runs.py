@@ -1,0 +1,164 @@
+"""Run directories: one per run, the same one when a run continues, none for a run
+that never took a step.
+
+A run writes its config, metrics and checkpoints into one directory: under
+TensorBoard or CSV `<save_dir>/<name>/version_N`, under MLflow
+`<save_dir>/<experiment id>/<run id>`. `fit --ckpt_path last` and `validate` or
+`test` with a checkpoint of a run log into that run's directory, so its
+evaluation sits beside its training curves.
+"""
+
+import csv
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.loggers import CSVLogger as LightningCSVLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+from lightning.pytorch.loggers.logger import DummyLogger, rank_zero_experiment
+from lightning.pytorch.utilities import rank_zero_info
+
+
+def _init_args(logger: Any) -> Any | None:
+    """The init_args of a logger given in the config as class_path/init_args, else None."""
+    if not hasattr(logger, "get") or not logger.get("class_path"):
+        return None
+    return logger.get("init_args")
+
+
+def run_candidates(logger: Any) -> list[Path]:
+    """The run directories the configured logger may continue (all of them unless it names one)."""
+    init = _init_args(logger)
+    if init is None:
+        return []
+    if "run_id" in init:  # MLflow: <save_dir>/<experiment id>/<run id>
+        save_dir = Path(init.get("save_dir") or "mlruns")
+        runs = save_dir.glob(f"*/{init.get('run_id') or '*'}")
+        return [run for run in runs if (run / "meta.yaml").is_file()]
+    experiment = Path(init.get("save_dir") or ".") / str(init.get("name") or "")
+    version = init.get("version")
+    if version is None:
+        return [run for run in experiment.glob("*") if run.is_dir()]
+    if isinstance(version, int):
+        version = f"version_{version}"
+    return [experiment / str(version)]
+
+
+def continue_run(logger: Any, run: Path) -> bool:
+    """Point the configured logger at the existing run directory `run`; False if it cannot."""
+    init = _init_args(logger)
+    if init is None:
+        return False
+    if "run_id" in init:
+        if init.get("tracking_uri"):  # a server: its runs are not directories here
+            return False
+        init["save_dir"] = str(run.parent.parent)
+        init["run_id"] = run.name
+        return True
+    init["save_dir"] = str(run.parent.parent)
+    init["name"] = run.parent.name
+    # version_N as the number, so the progress bar shows v_num=N (not the name's last 4 letters).
+    number = run.name.removeprefix("version_")
+    init["version"] = int(number) if number.isdigit() and number != run.name else run.name
+    return True
+
+
+def run_of_checkpoint(path: Path) -> Path | None:
+    """The run directory a checkpoint was saved in (`<run>/checkpoints/<file>`), else None."""
+    run = path.parent.parent
+    if path.parent.name != "checkpoints":
+        return None
+    if (run / "config.yaml").is_file() or (run / "meta.yaml").is_file():
+        return run
+    return None
+
+
+def run_directory(trainer: Trainer) -> Path | None:
+    """Where this run writes its config, metrics and checkpoints; None without a logger
+    (and under `fast_dev_run`, whose stand-in logger writes nothing)."""
+    logger = trainer.logger
+    if logger is None or isinstance(logger, DummyLogger):
+        return None
+    log_dir = getattr(logger, "log_dir", None)
+    if log_dir:
+        return Path(log_dir)
+    if not logger.name or not logger.version:
+        return None
+    return Path(logger.save_dir or trainer.default_root_dir, str(logger.name), str(logger.version))
+
+
+def is_first_process() -> bool:
+    """Whether this is global rank 0 (or a process that is not part of a launched job)."""
+    ranks = ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")
+    return all(os.environ.get(name, "0") == "0" for name in ranks)
+
+
+def claim_new_run(logger: Any) -> Path | None:
+    """Create the next `version_N` directory of the configured logger and point the
+    logger at it; None where the logger names its run itself (or has no versions).
+
+    Lightning picks `version_N` by listing the folder, so two runs started at
+    the same moment could pick the same one. `mkdir` is atomic: a run that
+    loses the race takes the next number.
+    """
+    init = _init_args(logger)
+    if init is None or "version" not in init or init.get("version") is not None:
+        return None
+    experiment = Path(init.get("save_dir") or ".") / str(init.get("name") or "")
+    experiment.mkdir(parents=True, exist_ok=True)
+    numbers = [p.name.removeprefix("version_") for p in experiment.glob("version_*")]
+    number = max((int(n) for n in numbers if n.isdigit()), default=-1) + 1
+    while True:
+        try:
+            (experiment / f"version_{number}").mkdir()
+            break
+        except FileExistsError:
+            number += 1
+    init["version"] = number
+    return experiment / f"version_{number}"
+
+
+class DiscardFailedStart(Callback):
+    """Removes the run directory of a new run that failed before its first step.
+
+    The CLI sets `new_run` when this fit started a run of its own (a continued
+    run is never touched).
+    """
+
+    def __init__(self) -> None:
+        self.new_run = False
+        self._run: Path | None = None
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        fresh = self.new_run and stage == "fit" and trainer.is_global_zero
+        self._run = run_directory(trainer) if fresh else None
+
+    def on_exception(
+        self, trainer: Trainer, pl_module: LightningModule, exception: BaseException
+    ) -> None:
+        if self._run is None or trainer.global_step > 0 or not self._run.is_dir():
+            return
+        shutil.rmtree(self._run, ignore_errors=True)
+        rank_zero_info(f"Removed {self._run}: the run failed before its first step")
+
+
+class _ContinuingWriter(ExperimentWriter):
+    def _check_log_dir_exists(self) -> None:
+        # Lightning's writer deletes an existing metrics.csv; a continued run appends to it.
+        if self._fs.isfile(self.metrics_file_path):
+            with self._fs.open(self.metrics_file_path, "r", newline="") as file:
+                self.metrics_keys = next(csv.reader(file), [])
+
+
+class CSVLogger(LightningCSVLogger):
+    """Lightning's CSVLogger, except that a continued run appends to its metrics.csv."""
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> ExperimentWriter:
+        if self._experiment is None:
+            self._fs.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = _ContinuingWriter(log_dir=self.log_dir)
+        return self._experiment

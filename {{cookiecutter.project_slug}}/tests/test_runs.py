@@ -1,0 +1,69 @@
+"""Run directories: a failed start leaves none, a finished run says so when resumed,
+and a continued run keeps what it logged before.
+
+Kit test: it runs whatever model and data `project.py` names.
+"""
+
+import functools
+import logging
+import shutil
+
+from conftest import folder_of, logged_scalars, run_dirs
+from lightning.pytorch import Trainer
+
+from {{ cookiecutter.package_name }}.__main__ import main as command
+from {{ cookiecutter.package_name }}.kit.cli import main
+from {{ cookiecutter.package_name }}.project import MONITOR, Model
+
+
+def test_a_run_that_fails_before_its_first_step_leaves_no_run_directory(
+    workdir, monkeypatch, capfd, caplog
+):
+    def broken(self):
+        raise RuntimeError("no optimizer today")
+
+    monkeypatch.setattr(Model, "configure_optimizers", broken)
+    with caplog.at_level(logging.INFO):
+        assert command(["fit", "--trainer.enable_progress_bar=false"]) == 1
+    assert "RuntimeError: no optimizer today" in capfd.readouterr().err
+    assert "the run failed before its first step" in caplog.text
+    assert run_dirs(workdir) == []
+
+
+def test_a_run_that_fails_before_the_trainer_starts_leaves_no_run_directory(
+    workdir, monkeypatch, capfd
+):
+    @functools.wraps(Trainer.__init__)  # the same signature, for the CLI's parser
+    def broken(self, *args, **kwargs):
+        raise RuntimeError("no trainer today")
+
+    monkeypatch.setattr(Trainer, "__init__", broken)
+    assert command(["fit"]) == 1
+    assert "RuntimeError: no trainer today" in capfd.readouterr().err
+    assert run_dirs(workdir) == []
+
+
+def test_resuming_a_finished_run_says_so_and_how_to_continue(trained_checkpoint, workdir, caplog):
+    shutil.copytree(folder_of(trained_checkpoint), workdir, dirs_exist_ok=True)
+    (run,) = run_dirs(workdir)
+    with caplog.at_level(logging.INFO):
+        cli = main(["fit", "--ckpt_path=last", "--trainer.max_epochs=2"])
+    assert "is from a finished run: it already trained 2 epochs (max_epochs=2)" in caplog.text
+    assert "raise --trainer.max_epochs (e.g. 4)" in caplog.text
+    assert cli.trainer.global_step > 0 and run_dirs(workdir) == [run]
+{%- if cookiecutter.logger != "mlflow" %}
+    assert cli.trainer.logger.version == 0  # the progress bar's v_num
+{%- endif %}
+
+
+def test_a_continued_run_keeps_its_earlier_metrics(trained_checkpoint, workdir):
+    shutil.copytree(folder_of(trained_checkpoint), workdir, dirs_exist_ok=True)
+    (run,) = run_dirs(workdir)
+    before = logged_scalars(run)
+    main(
+        ["fit", "--ckpt_path=last", "--trainer.max_epochs=3", "--trainer.enable_progress_bar=false"]
+    )
+    after = logged_scalars(run)
+    for name, values in before.items():
+        assert after[name][: len(values)] == values, name
+    assert len(after[MONITOR]) == len(before[MONITOR]) + 1
