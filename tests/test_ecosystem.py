@@ -120,3 +120,25 @@ def test_declared_bounds_admit_the_versions_the_tests_ran_with(tmp_path, answers
         assert requirement.specifier.contains(installed, prereleases=True), (
             f"{requirement} excludes the installed {requirement.name} {installed}"
         )
+
+
+# Releases withdrawn by their maintainers (a supply-chain compromise): no bound may admit them.
+WITHDRAWN = {"lightning": ["2.6.2", "2.6.3"], "pytorch-lightning": ["2.6.2", "2.6.3"]}
+
+
+def test_bounds_exclude_withdrawn_releases(tmp_path):
+    project = render(tmp_path)
+    meta = tomllib.loads((project / "pyproject.toml").read_text())["project"]
+    declared = [Requirement(r) for r in meta["dependencies"]]
+    declared += [Requirement(line) for line in requirements_dev() if line]
+    checked = 0
+    for requirement in declared:
+        for bad in WITHDRAWN.get(requirement.name, []):
+            assert not requirement.specifier.contains(bad, prereleases=True), (requirement, bad)
+            checked += 1
+    assert checked >= 4  # the rendered project's and the template's own
+
+
+def requirements_dev() -> list[str]:
+    lines = (TEMPLATE / "requirements-dev.txt").read_text().splitlines()
+    return [line.split("#")[0].strip() for line in lines]

@@ -82,9 +82,9 @@ def expected_files(package: str, answers: dict) -> set[str]:
     users = "__init__ __main__ data model project"
     kit = "__init__ callbacks checkpoints cli data doctor export hardware health hints predict runs"
     tests = (
-        "conftest instruments test_callbacks test_cli test_data test_ddp test_doctor test_example"
-        " test_export test_faults test_gpu test_hardware test_health test_hints test_model"
-        " test_runs"
+        "conftest instruments test_bad_input test_callbacks test_checkpoints test_cli test_data"
+        " test_ddp test_doctor test_example test_export test_faults test_gpu test_hardware"
+        " test_health test_hints test_model test_runs"
     )
     configs = "accumulate ddp debug default gpu profile"
     files = {

@@ -130,23 +130,23 @@ def failure(command: str, result) -> str:
     )
 
 
+def forkserver():
+    """Processes forked from a server that imported Lightning and the kit once."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["lightning.pytorch", f"{PACKAGE}.kit.cli", "instruments"])
+    return context
+
+
 class ForkedRun:
     """A run of the command in a process forked from a server that imported Lightning
     once: a real process (signals, SIGKILL, exit codes), without the import in each."""
 
-    _context = None
-
     def __init__(self, args: tuple[str, ...], cwd: Path, env: dict | None):
-        if ForkedRun._context is None:
-            ForkedRun._context = multiprocessing.get_context("forkserver")
-            ForkedRun._context.set_forkserver_preload(
-                ["lightning.pytorch", f"{PACKAGE}.kit.cli", "instruments"]
-            )
         import instruments
 
         env = {**(env or {}), "INSTRUMENTS_PACKAGE": PACKAGE}
         self.workdir = cwd
-        self.process = ForkedRun._context.Process(
+        self.process = forkserver().Process(
             target=instruments.run_command, args=(list(args), str(cwd), env, str(cwd))
         )
         self.process.start()

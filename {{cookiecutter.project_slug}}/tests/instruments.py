@@ -12,11 +12,18 @@ variables, which DDP's and torchrun's worker processes inherit:
   parameters and of the optimizer state, and the schedulers' states;
 - INSTRUMENTS_PAUSE_EPOCH=<n> and INSTRUMENTS_PAUSE_MARKER=<file>: at the start
   of epoch n, rank 0 writes the marker and waits there (for a signal);
-- INSTRUMENTS_FAIL_RANK=<r> and INSTRUMENTS_FAIL_STEP=<s>: rank r raises at step s.
+- INSTRUMENTS_FAIL_RANK=<r> and INSTRUMENTS_FAIL_STEP=<s>: rank r raises at step s;
+- INSTRUMENTS_KILL_STEP=<s>: the process SIGKILLs itself when step s starts;
+- INSTRUMENTS_KILL_SAVE=<k>: the process SIGKILLs itself half-way through writing
+  the k-th checkpoint it saves (1 = the first);
+- INSTRUMENTS_FILL=<file> and INSTRUMENTS_FILL_EPOCH=<n>: at the start of epoch n,
+  fill the disk of <file> with it, leaving no room for the next checkpoint.
 """
 
+import io
 import json
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -64,12 +71,20 @@ class Instruments(Callback):
         with open(f"{prefix}-rank{trainer.global_rank}.jsonl", "a") as file:
             file.write(json.dumps(record, default=repr) + "\n")
 
+    def on_fit_start(self, trainer, pl_module) -> None:
+        saves = os.environ.get("INSTRUMENTS_KILL_SAVE")
+        if saves:
+            kill_during_save(int(saves))
+
     def on_train_start(self, trainer, pl_module) -> None:
         # After a resume: what was restored, before any step of this run.
         self._record(trainer, pl_module, "train_start")
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self._record(trainer, pl_module, "epoch_start")
+        fill = os.environ.get("INSTRUMENTS_FILL")
+        if fill and trainer.current_epoch == int(os.environ["INSTRUMENTS_FILL_EPOCH"]):
+            fill_disk(Path(fill))
         pause = os.environ.get("INSTRUMENTS_PAUSE_EPOCH")
         if pause and trainer.current_epoch == int(pause) and trainer.global_rank == 0:
             marker = Path(os.environ["INSTRUMENTS_PAUSE_MARKER"])
@@ -79,10 +94,41 @@ class Instruments(Callback):
                 time.sleep(0.05)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        kill = os.environ.get("INSTRUMENTS_KILL_STEP")
+        if kill and trainer.global_step == int(kill):
+            os.kill(os.getpid(), signal.SIGKILL)
         rank = os.environ.get("INSTRUMENTS_FAIL_RANK")
         step = os.environ.get("INSTRUMENTS_FAIL_STEP")
         if rank and trainer.global_rank == int(rank) and trainer.global_step == int(step):
             raise RuntimeError(f"injected fault on rank {rank} at step {step}")
+
+
+def kill_during_save(nth: int) -> None:
+    """Make the nth torch.save of this process write half its bytes, then SIGKILL it."""
+    save, count = torch.save, [0]
+
+    def half_then_kill(obj, file, *args, **kwargs):
+        count[0] += 1
+        if count[0] < nth:
+            return save(obj, file, *args, **kwargs)
+        buffer = io.BytesIO()
+        save(obj, buffer, *args, **kwargs)
+        data = buffer.getvalue()
+        file.write(data[: len(data) // 2])
+        file.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    torch.save = half_then_kill
+
+
+def fill_disk(path: Path) -> None:
+    """Write `path` until its filesystem is full (a small one, in the tests)."""
+    with open(path, "wb", buffering=0) as file:
+        try:
+            while True:
+                file.write(b"\0" * 65536)
+        except OSError:
+            pass
 
 
 def read_records(prefix: Path, event: str = "epoch_start") -> list[dict]:
@@ -113,3 +159,12 @@ def run_command(args: list[str], cwd: str, env: dict, output: str) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     sys.exit(code)
+
+
+def claim_together(barrier, logger: dict, results) -> None:
+    """Wait for the other processes at `barrier`, then claim a run directory (a race)."""
+    from importlib import import_module
+
+    claim_new_run = import_module(f"{os.environ['INSTRUMENTS_PACKAGE']}.kit.runs").claim_new_run
+    barrier.wait()
+    results.put(str(claim_new_run(logger)))

@@ -8,14 +8,17 @@ no state, that state is empty on both sides).
 """
 
 import json
+import random
 import signal
 
 import pytest
 import torch
 from conftest import (
+    best_score,
     failure,
     fork_cli,
     load_checkpoint,
+    reached,
     run_cli,
     run_dirs,
     run_forked,
@@ -24,9 +27,13 @@ from conftest import (
 from instruments import optimizer_fingerprint, parameter_fingerprint, read_records
 
 from {{ cookiecutter.package_name }}.__main__ import main as command
-from {{ cookiecutter.package_name }}.kit.checkpoints import CheckpointError, check_checkpoint
+from {{ cookiecutter.package_name }}.kit.checkpoints import (
+    CheckpointError,
+    check_checkpoint,
+    resume_candidates,
+)
 from {{ cookiecutter.package_name }}.kit.cli import main
-from {{ cookiecutter.package_name }}.project import MONITOR
+from {{ cookiecutter.package_name }}.project import MODE, MONITOR, TARGET
 
 INSTRUMENTS = "--trainer.callbacks+=instruments.Instruments"
 
@@ -49,8 +56,8 @@ def resume_and_check(workdir, checkpoint, *flags: str) -> dict:
         cwd=workdir,
         env=instruments_env(workdir, "resumed"),
     )
-    name = f"{checkpoint.parent.parent.name}/checkpoints/{checkpoint.name}"
-    assert f"{name} (the newest of" in resumed.stderr
+    name = checkpoint.relative_to(workdir)
+    assert f"Resuming from {name} (the newest intact of" in resumed.stderr
     (start,) = read_records(workdir / "resumed", "train_start")
     assert start["global_step"] == saved["global_step"] > 0
     assert start["parameters"] == pytest.approx(parameter_fingerprint(saved["state_dict"]))
@@ -211,3 +218,43 @@ def test_checkpoints_load_weights_only(trained_checkpoint, workdir, capfd):
     err = capfd.readouterr().err
     assert "Weights only load failed" in err
     assert "could run any code, so it was refused" in err  # the hint
+
+
+def resume_point(run) -> int:
+    """The global step `--ckpt_path last` would resume this run from (0: none)."""
+    for candidate in resume_candidates([run]):
+        try:
+            return load_checkpoint(check_checkpoint(candidate))["global_step"]
+        except CheckpointError:
+            continue
+    return 0
+
+
+@pytest.mark.slow
+def test_chaos_ten_sigkills_at_random_moments_then_the_run_finishes_as_usual(workdir, default_fit):
+    """SIGKILL at 10 seeded moments (mid-step or mid-save), `fit --ckpt_path last` after each:
+    the run ends at the same epoch as an uninterrupted one, as good, in one directory."""
+    (uninterrupted,) = run_dirs(default_fit)
+    expected = load_checkpoint(uninterrupted / "checkpoints" / "last.ckpt")
+    steps_per_epoch = expected["global_step"] // (expected["epoch"] + 1)
+    rng = random.Random(20261203)
+    resume_step, kills = 0, []
+    for attempt in range(10):
+        args = ["fit"] if attempt == 0 else ["fit", "--ckpt_path=last"]
+        if resume_step and rng.random() < 0.3:  # while writing its first or second checkpoint
+            env = {"INSTRUMENTS_KILL_SAVE": str(rng.randint(1, 2))}
+        else:  # at a step, after the first checkpoint so there is something to resume
+            step = max(resume_step, steps_per_epoch) + rng.randint(1, 2 * steps_per_epoch)
+            env = {"INSTRUMENTS_KILL_STEP": str(step)}
+        kills.append(env)
+        assert fork_cli(*args, INSTRUMENTS, cwd=workdir, env=env).wait() == -signal.SIGKILL, env
+        (run,) = run_dirs(workdir)
+        resume_step = resume_point(run)
+    run_forked("fit", "--ckpt_path=last", cwd=workdir)
+    assert run_dirs(workdir) == [run]
+    final = load_checkpoint(run / "checkpoints" / "last.ckpt")
+    assert final["epoch"] == expected["epoch"]
+    assert not list(workdir.rglob("*.partial"))
+    ours, theirs = best_score(final), best_score(expected)
+    assert reached(ours, TARGET, MODE), (ours, kills)
+    assert abs(ours - theirs) <= max(0.02, 0.1 * abs(theirs)), (ours, theirs, kills)

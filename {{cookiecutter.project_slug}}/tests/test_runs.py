@@ -6,9 +6,20 @@ Kit test: it runs whatever model and data `project.py` names.
 
 import functools
 import logging
+import os
 import shutil
 
-from conftest import folder_of, logged_scalars, run_dirs
+import instruments
+import pytest
+from conftest import (
+    PACKAGE,
+    SUBPROCESS_TIMEOUT,
+    folder_of,
+    fork_cli,
+    forkserver,
+    logged_scalars,
+    run_dirs,
+)
 from lightning.pytorch import Trainer
 
 from {{ cookiecutter.package_name }}.__main__ import main as command
@@ -26,7 +37,7 @@ def test_a_run_that_fails_before_its_first_step_leaves_no_run_directory(
     with caplog.at_level(logging.INFO):
         assert command(["fit", "--trainer.enable_progress_bar=false"]) == 1
     assert "RuntimeError: no optimizer today" in capfd.readouterr().err
-    assert "the run failed before its first step" in caplog.text
+    assert "the run failed before it had results" in caplog.text
     assert run_dirs(workdir) == []
 
 
@@ -67,3 +78,39 @@ def test_a_continued_run_keeps_its_earlier_metrics(trained_checkpoint, workdir):
     for name, values in before.items():
         assert after[name][: len(values)] == values, name
     assert len(after[MONITOR]) == len(before[MONITOR]) + 1
+
+
+def test_runs_racing_for_a_run_directory_each_get_their_own(tmp_path):
+    """Eight processes released at one barrier claim run directories, five times over."""
+    context = forkserver()
+    os.environ["INSTRUMENTS_PACKAGE"] = PACKAGE
+    init = {"save_dir": str(tmp_path), "name": "logs", "version": None}
+    logger = {"class_path": "any.Logger", "init_args": init}
+    claimed = []
+    for _ in range(5):
+        barrier, results = context.Barrier(8), context.Queue()
+        processes = [
+            context.Process(target=instruments.claim_together, args=(barrier, logger, results))
+            for _ in range(8)
+        ]
+        for process in processes:
+            process.start()
+        for process in processes:
+            process.join(SUBPROCESS_TIMEOUT)
+            assert process.exitcode == 0
+        claimed += [results.get(timeout=10) for _ in processes]
+    assert len(set(claimed)) == 40
+    assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == sorted(
+        f"version_{n}" for n in range(40)
+    )
+
+
+@pytest.mark.slow
+def test_two_fits_started_at_once_get_different_run_directories(workdir):
+    short = ["fit", "--trainer.max_steps=2", "--trainer.limit_val_batches=1"]
+    for _ in range(3):
+        first, second = fork_cli(*short, cwd=workdir), fork_cli(*short, cwd=workdir)
+        assert first.wait() == 0 and second.wait() == 0
+    runs = run_dirs(workdir)
+    assert len(runs) == 6
+    assert all((run / "config.yaml").is_file() for run in runs)

@@ -1,35 +1,162 @@
-"""Checkpoints that survive faults: resume from the newest, save when stopped, load safely.
+"""Checkpoints that survive faults: written whole, resumed from the newest intact one,
+saved when stopped, loaded safely.
 
+- Every checkpoint is written atomically in its own directory (`atomic_save`,
+  through the Trainer's `AtomicCheckpointIO`): a temporary file beside it,
+  flushed to disk, renamed over the old one. A kill, a power loss or a full
+  disk leaves the previous file as it was, never a partial one.
 - `fit --ckpt_path last` continues the newest run under the logger's directory
-  (or the run named by the logger's `version`), from whichever is newest of its
-  `last.ckpt` (end of an epoch), `interrupted.ckpt` (written when a scheduler's
-  SIGTERM or Ctrl-C stopped it) and SLURM's `hpc_ckpt_N.ckpt` (in the trainer's
-  `default_root_dir`), and logs into the same directory.
-  With nothing to resume it starts afresh, so the same command serves the
-  first start and every restart of a cluster job.
+  (or the run named by the logger's `version`), from the newest intact file of
+  its `last.ckpt` (end of an epoch), `interrupted.ckpt` (written when a
+  scheduler's SIGTERM or Ctrl-C stopped it), SLURM's `hpc_ckpt_N.ckpt` (in the
+  trainer's `default_root_dir`) and its `best-*.ckpt`; a damaged one is named
+  and skipped. With nothing to resume it starts afresh, so the same command
+  serves the first start and every restart of a cluster job.
 - `check_checkpoint` refuses a truncated or corrupted file with a message that
   names it, before anything unpickles it.
 """
 
+import os
+import re
+import shutil
+import tempfile
 import zipfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from {{ cookiecutter.package_name }}.kit.runs import continue_run, run_candidates
+from {{ cookiecutter.package_name }}.kit.runs import continue_run, is_first_process, run_candidates
 
 RESUMABLE = ("last.ckpt", "interrupted.ckpt")
+PARTIAL = ".partial"  # the suffix of a checkpoint being written
 # Checking every byte's CRC costs about a second a GB; above this, only the structure.
 CRC_CHECK_MAX_BYTES = 2 * 1024**3
 
 
 class CheckpointError(ValueError):
     """A checkpoint file that cannot be used; the message names it and says why."""
+
+
+class CheckpointSaveError(RuntimeError):
+    """A checkpoint could not be written; the message names the directory and its free space."""
+
+
+def _free_space(directory: Path) -> str:
+    """'12.3 MiB free' (or GiB) on the filesystem of `directory` or its nearest existing parent."""
+    while not directory.exists() and directory != directory.parent:
+        directory = directory.parent
+    try:
+        free = shutil.disk_usage(directory).free
+    except OSError:
+        return "free space unknown"
+    if free >= 1024**3:
+        return f"{free / 1024**3:.1f} GiB free"
+    return f"{free / 1024**2:.1f} MiB free"
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make a rename in `directory` durable (a no-op where directories cannot be opened)."""
+    try:
+        handle = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(handle)
+    except OSError:
+        pass
+    finally:
+        os.close(handle)
+
+
+def atomic_save(obj: Any, path: str | Path) -> Path:
+    """`torch.save(obj)` to `path`, whole or not at all.
+
+    The bytes go to a temporary file beside `path` (so the rename is atomic
+    whatever `$TMPDIR` is), are flushed and fsync'd, then the file is renamed
+    over `path` and the directory fsync'd. Any failure removes the temporary
+    file; an OSError (a full disk, a read-only volume) becomes one
+    CheckpointSaveError naming the directory and its free space.
+    """
+    path = Path(path)
+    directory = path.parent
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=PARTIAL, dir=directory)
+    except OSError as error:
+        raise CheckpointSaveError(_save_failure(path, error)) from error
+    try:
+        with os.fdopen(handle, "wb") as file:
+            torch.save(obj, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException as error:
+        Path(temporary).unlink(missing_ok=True)
+        if isinstance(error, OSError):
+            raise CheckpointSaveError(_save_failure(path, error)) from error
+        raise
+    _fsync_directory(directory)
+    return path
+
+
+def _save_failure(path: Path, error: OSError) -> str:
+    reason = error.strerror or str(error)
+    blocking = next((p for p in path.parents if p.exists()), None)
+    if blocking is not None and not blocking.is_dir():
+        reason = f"{blocking} is a file, not a folder"
+    return (
+        f"cannot write {path.name} in {path.parent}/: {reason} ({_free_space(path.parent)});"
+        " what was there before is intact"
+    )
+
+
+def state_dict_mismatch(error: BaseException) -> str | None:
+    """One line for a checkpoint of another model, from torch's multi-line load error."""
+    text = str(error)
+    if "Error(s) in loading state_dict" not in text:
+        return None
+    model = re.search(r"state_dict for (\w+)", text)
+    parts = []
+    for kind in ("Missing", "Unexpected"):
+        found = re.search(rf"{kind} key\(s\) in state_dict: (.*?)\.\s*(?:\n|$)", text)
+        if found:
+            keys = re.findall(r'"([^"]+)"', found.group(1))
+            shown = ", ".join(keys[:4]) + (f" and {len(keys) - 4} more" if len(keys) > 4 else "")
+            parts.append(f"{kind.lower()} keys {shown}")
+    shapes = re.findall(r"size mismatch for ([\w.]+)", text)
+    if shapes:
+        parts.append("different shapes for " + ", ".join(shapes[:4]))
+    name = model.group(1) if model else "the model"
+    return f"the checkpoint does not fit {name}: " + "; ".join(parts or ["its weights differ"])
+
+
+def remove_partial_files(directory: Path) -> list[Path]:
+    """Delete what writes that were killed half-way left in `directory`."""
+    leftovers = sorted(directory.glob(f".*{PARTIAL}")) if directory.is_dir() else []
+    for leftover in leftovers:
+        leftover.unlink(missing_ok=True)
+    return leftovers
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoint IO, writing local files with `atomic_save`.
+
+    (Lightning writes through an fsspec transaction whose temporary file lives
+    in `$TMPDIR`: a copy, not an atomic rename, when that is another filesystem,
+    and nothing is fsync'd.) Remote paths (`s3://...`) keep Lightning's own way.
+    """
+
+    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        if storage_options is not None or "://" in str(path):
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        atomic_save(checkpoint, path)
 
 
 def check_checkpoint(path: str | Path) -> Path:
@@ -63,35 +190,54 @@ def check_checkpoint(path: str | Path) -> Path:
     return file
 
 
-def newest_resumable(runs: Iterable[Path], root: Path | None = None) -> Path | None:
-    """The most recently written `last.ckpt` or `interrupted.ckpt` in `runs`, or
-    `hpc_ckpt_N.ckpt` in `root` (what Lightning saves when SLURM preempts a job)."""
-    files = [run / "checkpoints" / name for run in runs for name in RESUMABLE]
-    files = [file for file in files if file.is_file()]
+def resume_candidates(runs: Iterable[Path], root: Path | None = None) -> list[Path]:
+    """What `--ckpt_path last` may resume from, newest first: each run's `last.ckpt`,
+    `interrupted.ckpt` and `best-*.ckpt`, and `hpc_ckpt_N.ckpt` in `root` (what
+    Lightning saves when SLURM preempts a job)."""
+    files = []
+    for run in runs:
+        folder = run / "checkpoints"
+        files += [folder / name for name in RESUMABLE] + list(folder.glob("best-*.ckpt"))
     if root is not None:
         files += root.glob("hpc_ckpt_*.ckpt")
-    return max(files, key=lambda file: file.stat().st_mtime, default=None)
+    files = [file for file in files if file.is_file()]
+    return sorted(files, key=lambda file: file.stat().st_mtime, reverse=True)
 
 
 def resolve_last(config: dict[str, Any]) -> Path | None:
-    """Turn `ckpt_path: last` in a subcommand's config into the newest checkpoint.
+    """Turn `ckpt_path: last` in a subcommand's config into the newest intact checkpoint.
 
-    Also points the logger at that checkpoint's run, so logs, config and new
-    checkpoints continue in the same directory. Returns the checkpoint, or None
-    (nothing to resume: Lightning then warns and starts afresh).
+    Each damaged candidate is named and skipped. Also points the logger at the
+    checkpoint's run, so logs, config and new checkpoints continue in the same
+    directory. Returns the checkpoint, or None: nothing usable to resume, and the
+    run starts afresh (`ckpt_path` becomes null).
     """
     logger = config.get("trainer", {}).get("logger")
     if config.get("ckpt_path") != "last":
         return None
     root = Path(config["trainer"].get("default_root_dir") or ".")
-    found = newest_resumable(run_candidates(logger), root)
-    if found is None:
-        return None
-    config["ckpt_path"] = str(found)
-    if found.parent.name == "checkpoints":  # not an hpc checkpoint: continue its run
-        continue_run(logger, found.parent.parent)
-    rank_zero_info(f"Resuming from {found} (the newest of {', '.join(RESUMABLE)}, hpc_ckpt_*)")
-    return found
+    candidates = resume_candidates(run_candidates(logger), root)
+    for candidate in candidates:
+        try:
+            check_checkpoint(candidate)
+        except CheckpointError as error:
+            rank_zero_info(f"Skipping {candidate}: {error}")
+            continue
+        config["ckpt_path"] = str(candidate)
+        if candidate.parent.name == "checkpoints":  # not an hpc checkpoint: continue its run
+            continue_run(logger, candidate.parent.parent)
+            if is_first_process():
+                for leftover in remove_partial_files(candidate.parent):
+                    rank_zero_info(f"Removed {leftover.name}, left by a write that was cut off")
+        rank_zero_info(
+            f"Resuming from {candidate} (the newest intact of {', '.join(RESUMABLE)},"
+            " best-*.ckpt, hpc_ckpt_*)"
+        )
+        return candidate
+    damaged = f" ({len(candidates)} damaged, named above)" if candidates else ""
+    rank_zero_info(f"No checkpoint to resume{damaged}: starting a new run")
+    config["ckpt_path"] = None
+    return None
 
 
 class BestAndLast(ModelCheckpoint):

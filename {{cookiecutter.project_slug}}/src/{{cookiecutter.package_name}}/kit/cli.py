@@ -11,6 +11,7 @@
 """
 
 import os
+import re
 import sys
 import traceback
 import warnings
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -25,12 +27,15 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from {{ cookiecutter.package_name }}.kit.callbacks import EnvironmentReport, FailureContext
 from {{ cookiecutter.package_name }}.kit.checkpoints import (
+    AtomicCheckpointIO,
     BestAndLast,
     CheckpointError,
+    CheckpointSaveError,
     InterruptCheckpoint,
     ResumeCheck,
     check_checkpoint,
     resolve_last,
+    state_dict_mismatch,
 )
 from {{ cookiecutter.package_name }}.kit.hardware import (
     cuda_capabilities,
@@ -46,6 +51,7 @@ from {{ cookiecutter.package_name }}.kit.runs import (
     DiscardFailedStart,
     claim_new_run,
     continue_run,
+    discard_run,
     is_first_process,
     run_directory,
     run_of_checkpoint,
@@ -102,8 +108,23 @@ def resolve_hardware(trainer: dict[str, Any], say=rank_zero_info) -> None:
         )
 
 
+class ConfigError(ValueError):
+    """A value the model, the data or the Trainer refused; the message names it."""
+
+
 class ProjectParser(LightningArgumentParser):
-    """Lightning's parser; `--print_config` shows the precision the run will use."""
+    """Lightning's parser; `--print_config` shows the precision the run will use, and a
+    bad flag or config file gets one line that names it (not the whole usage)."""
+
+    def error(self, message: str, ex: Exception | None = None):
+        if not self.exit_on_error:
+            return super().error(message, ex)
+        text = _short_parse_error(" ".join(str(message).split()))
+        words = self.prog.split()
+        command = words[-1] if words and words[-1] in LightningCLI.subcommands() else "<command>"
+        help_ = f"`{{ cookiecutter.project_slug }} {command} --help` lists every flag"
+        sys.stderr.write(f"error: {text} ({help_})\n")
+        self.exit(2)
 
     def dump(self, cfg, *args, **kwargs) -> str:
         if "skip_none" in kwargs:  # Lightning's own calls still use the old name
@@ -112,6 +133,25 @@ class ProjectParser(LightningArgumentParser):
             cfg = cfg.clone()
             resolve_hardware(cfg["trainer"], say=lambda line: None)
         return super().dump(cfg, *args, **kwargs)
+
+
+def _short_parse_error(text: str) -> str:
+    """jsonargparse's account of a value of the wrong type, in a few words:
+    `trainer.max_epochs=many: expected int or null`."""
+    key = re.match(r'Parser key "([^"]+)": (Does not validate|Expected a)', text)
+    given = re.search(r"(?:Given|Got) value: (.*)$", text)
+    if not key or not given:
+        return text
+    choices = []
+    alternatives = r"Expected a (.*?)(?= - Expected a | Given value type|\. Got value|$)"
+    for expected in re.findall(alternatives, text):
+        if expected.startswith("typing.Literal["):
+            choices += [value.strip() for value in expected[15:-1].split(",")]
+        else:
+            name = re.sub(r"<class '(?:\w+\.)*(\w+)'>", r"\1", expected)
+            choices.append("null" if name == "NoneType" else name)
+    listed = ", ".join(choices[:-1]) + f" or {choices[-1]}" if len(choices) > 1 else choices[0]
+    return f"{key.group(1)}={given.group(1)}: expected {listed}"
 
 
 class SaveRunConfig(SaveConfigCallback):
@@ -152,9 +192,9 @@ class ProjectCLI(LightningCLI):
             super().__init__(*args, **kwargs)
         except BaseException:
             # A run that failed before the Trainer started leaves no empty directory.
-            if self._claimed is not None and self._claimed.is_dir():
-                if not any(self._claimed.iterdir()):
-                    self._claimed.rmdir()
+            claimed = self._claimed
+            if claimed is not None and claimed.is_dir() and not any(claimed.iterdir()):
+                discard_run(claimed)
             raise
 
     def subcommands(self) -> dict[str, set[str]]:
@@ -208,14 +248,20 @@ class ProjectCLI(LightningCLI):
             self._start_new_run(config)
         ckpt_path = config.get("ckpt_path")
         if ckpt_path in (None, "last", "best", "hpc"):
+            if subcommand in ("validate", "test"):
+                self._start_new_run(config)
             return
         checkpoint = check_checkpoint(ckpt_path)
+        if subcommand not in ("validate", "test"):
+            return
         run = run_of_checkpoint(checkpoint)
-        if subcommand in ("validate", "test") and run and continue_run(logger, run):
+        if run and continue_run(logger, run):
             rank_zero_info(f"Logging {subcommand} into the checkpoint's run, {run}")
+        else:
+            self._start_new_run(config)
 
     def _start_new_run(self, config) -> None:
-        """A fit that continues no run gets a run directory of its own (claimed by rank 0)."""
+        """A command that continues no run gets a run directory of its own (claimed by rank 0)."""
         trainer = config.get("trainer", {})
         logger = trainer.get("logger")
         if not logger or trainer.get("fast_dev_run"):
@@ -225,7 +271,13 @@ class ProjectCLI(LightningCLI):
             self._claimed = claim_new_run(logger)
 
     def instantiate_classes(self) -> None:
-        super().instantiate_classes()
+        try:
+            super().instantiate_classes()
+        except ValueError as error:  # a class refused a value: the user's input, not a bug
+            raise ConfigError(str(error)) from error
+        strategy = self.trainer.strategy
+        if type(strategy.checkpoint_io) is TorchCheckpointIO:  # not a plugin of the user's
+            strategy.checkpoint_io = AtomicCheckpointIO()
         for callback in self.trainer.callbacks:
             if isinstance(callback, DiscardFailedStart):
                 callback.new_run = self._new_run
@@ -264,6 +316,8 @@ def main(args: list[str] | None = None, **cli_kwargs) -> ProjectCLI:
         trainer_defaults=TRAINER_DEFAULTS,
         seed_everything_default=42,
         parser_class=ProjectParser,
+        # `--trainer.max_epoch` is a typo to report, not an abbreviation to accept.
+        parser_kwargs={"allow_abbrev": False},
         # The model builds its own optimizer in configure_optimizers, so the
         # CLI's generic --optimizer/--lr_scheduler groups stay off.
         auto_configure_optimizers=False,
@@ -284,20 +338,31 @@ def run(args: list[str] | None = None) -> int:
     """
     try:
         main(args)
-    except CheckpointError as error:
-        print(f"error: {error}", file=sys.stderr)
+    except (CheckpointError, CheckpointSaveError, ConfigError) as error:
+        print(f"{_rank()}error: {error}", file=sys.stderr)
+        return 2
+    except RuntimeError as error:
+        mismatch = state_dict_mismatch(error)
+        if mismatch is None:
+            return _failed(error)
+        print(f"{_rank()}error: {mismatch}", file=sys.stderr)
         return 2
     except SIGTERMException:
         print(f"{_rank()}stopped by SIGTERM; resume with `fit --ckpt_path last`", file=sys.stderr)
         return 143
     except Exception as error:
-        traceback.print_exc()
-        print(f"{_rank()}failed: {type(error).__name__}: {error}", file=sys.stderr)
-        hint = explain(error)
-        if hint:
-            print(hint, file=sys.stderr)
-        return 1
+        return _failed(error)
     return 0
+
+
+def _failed(error: Exception) -> int:
+    """The traceback in full, the error, and the hint for it if there is one; exit code 1."""
+    traceback.print_exception(error)
+    print(f"{_rank()}failed: {type(error).__name__}: {error}", file=sys.stderr)
+    hint = explain(error)
+    if hint:
+        print(hint, file=sys.stderr)
+    return 1
 
 
 def _rank() -> str:

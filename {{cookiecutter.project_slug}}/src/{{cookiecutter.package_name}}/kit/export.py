@@ -18,16 +18,20 @@ child module with weights; else the whole LightningModule.
 import argparse
 import importlib
 import inspect
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from {{ cookiecutter.package_name }}.kit.checkpoints import CheckpointError, check_checkpoint
+from {{ cookiecutter.package_name }}.kit.checkpoints import (
+    CheckpointError,
+    CheckpointSaveError,
+    atomic_save,
+    check_checkpoint,
+    state_dict_mismatch,
+)
 
 PACKAGE = "{{ cookiecutter.package_name }}"
 COMPILED = "_orig_mod."  # what torch.compile's wrapper adds to every key
@@ -124,9 +128,9 @@ def load_checkpoint_module(ckpt_path: str | Path) -> tuple[nn.Module, dict[str, 
         module.load_state_dict(clean_state_dict(checkpoint["state_dict"]), strict=True)
     except RuntimeError as error:
         raise ExportError(
-            f"checkpoint '{ckpt_path}' does not fit {type(module).__name__} as rebuilt from its"
-            f" recorded hyperparameters ({', '.join(sorted(hparams)) or 'none'}); a module that"
-            f" takes arguments must call self.save_hyperparameters(). {error}"
+            f"checkpoint '{ckpt_path}': {state_dict_mismatch(error) or error} (as rebuilt from"
+            f" its recorded hyperparameters: {', '.join(sorted(hparams)) or 'none'}; a module"
+            " that takes arguments must call self.save_hyperparameters())"
         ) from error
     return module.eval(), hparams
 
@@ -144,24 +148,7 @@ def export(ckpt_path: str | Path, output: str | Path) -> Path:
     }
     # Prove it loads before writing it: strict, into a network rebuilt from the record.
     rebuild(exported).load_state_dict(exported["state_dict"], strict=True)
-    return write_atomically(exported, Path(output))
-
-
-def write_atomically(obj: Any, output: Path) -> Path:
-    """torch.save to `output` through a temporary file beside it: whole, or not at all."""
-    try:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(prefix=f".{output.name}.", dir=output.parent)
-    except OSError as error:
-        raise ExportError(f"cannot write to {output.parent}/: {error.strerror}") from error
-    try:
-        with os.fdopen(handle, "wb") as file:
-            torch.save(obj, file)
-        os.replace(temporary, output)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    return output
+    return atomic_save(exported, output)
 
 
 def rebuild(exported: dict[str, Any]) -> nn.Module:
@@ -191,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         output = export(args.ckpt_path, args.output)
-    except CheckpointError as error:
+    except (CheckpointError, CheckpointSaveError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(f"Wrote {output}: load it with {PACKAGE}.kit.export.load_network({str(output)!r})")

@@ -120,28 +120,40 @@ def claim_new_run(logger: Any) -> Path | None:
     return experiment / f"version_{number}"
 
 
-class DiscardFailedStart(Callback):
-    """Removes the run directory of a new run that failed before its first step.
+def discard_run(run: Path) -> None:
+    """Delete a run directory, and the logger's folder above it if that is left empty."""
+    shutil.rmtree(run, ignore_errors=True)
+    try:
+        run.parent.rmdir()  # only when empty
+    except OSError:
+        pass
 
-    The CLI sets `new_run` when this fit started a run of its own (a continued
-    run is never touched).
+
+class DiscardFailedStart(Callback):
+    """Removes the run directory of a new run that failed before its first step
+    (or an evaluation that failed).
+
+    The CLI sets `new_run` when the command started a run of its own (a
+    continued run is never touched).
     """
 
     def __init__(self) -> None:
         self.new_run = False
         self._run: Path | None = None
+        self._stage: str = ""
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        fresh = self.new_run and stage == "fit" and trainer.is_global_zero
-        self._run = run_directory(trainer) if fresh else None
+        self._stage = stage
+        self._run = run_directory(trainer) if self.new_run and trainer.is_global_zero else None
 
     def on_exception(
         self, trainer: Trainer, pl_module: LightningModule, exception: BaseException
     ) -> None:
-        if self._run is None or trainer.global_step > 0 or not self._run.is_dir():
+        trained = self._stage == "fit" and trainer.global_step > 0
+        if self._run is None or trained or not self._run.is_dir():
             return
-        shutil.rmtree(self._run, ignore_errors=True)
-        rank_zero_info(f"Removed {self._run}: the run failed before its first step")
+        discard_run(self._run)
+        rank_zero_info(f"Removed {self._run}: the run failed before it had results")
 
 
 class _ContinuingWriter(ExperimentWriter):

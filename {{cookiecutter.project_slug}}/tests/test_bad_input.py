@@ -1,0 +1,127 @@
+"""Hostile input to every command: one clear line, a non-zero exit, nothing written.
+
+Kit test: the inputs are the kit's (configs, flags, checkpoints, output paths),
+given to whatever model and data `project.py` names.
+"""
+
+import pytest
+import torch
+from conftest import made_a_run
+
+from {{ cookiecutter.package_name }}.__main__ import main
+
+
+def command(args: list[str]) -> int:
+    """The exit code the command line would give (a parse error exits via SystemExit)."""
+    try:
+        return main(args)
+    except SystemExit as exit_:
+        return exit_.code
+
+
+def write(path, text: str):
+    path.write_text(text)
+    return path
+
+
+def other_model(checkpoint, folder):
+    """The trained checkpoint with its weights renamed and one reshaped: another model's."""
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    weights = state["state_dict"]
+    first = next(iter(weights))
+    weights["elsewhere.weight"] = weights.pop(first)
+    second = next(k for k, v in weights.items() if v.dim() > 0 and k != "elsewhere.weight")
+    weights[second] = torch.zeros(*weights[second].shape[:-1], weights[second].shape[-1] + 1)
+    torch.save(state, folder / "other.ckpt")
+    return folder / "other.ckpt", first, second
+
+
+# (arguments, files to make first, what the one line must say), for every command.
+CASES = {
+    "config that is not YAML": (
+        ["fit", "--config", "bad.yaml"],
+        {"bad.yaml": "trainer: [unclosed\n"},
+        "error: Problems parsing config: while parsing a flow sequence",
+    ),
+    "config that does not exist": (
+        ["fit", "--config", "missing.yaml"],
+        {},
+        "File does not exist: ",
+    ),
+    "unknown key in a config": (
+        ["fit", "--config", "unknown.yaml"],
+        {"unknown.yaml": "trainer:\n  max_epochz: 3\n"},
+        "does not accept option 'trainer.max_epochz'",
+    ),
+    "unknown flag (no abbreviation)": (
+        ["fit", "--trainer.max_epoch=3"],
+        {},
+        "error: unrecognized arguments: --trainer.max_epoch=3",
+    ),
+    "value of the wrong type": (
+        ["fit", "--trainer.max_epochs=many"],
+        {},
+        "error: trainer.max_epochs=many: expected int or null",
+    ),
+    "value of the wrong type in validate": (
+        ["validate", "--trainer.limit_val_batches=some"],
+        {},
+        "error: trainer.limit_val_batches=some: expected",
+    ),
+    "checkpoint path that is a folder": (
+        ["validate", "--ckpt_path=a-folder"],
+        {"a-folder/": ""},
+        "error: checkpoint 'a-folder' does not exist or is not a file",
+    ),
+    "checkpoint path that is a folder, for export": (
+        ["export", "--ckpt_path=a-folder"],
+        {"a-folder/": ""},
+        "error: checkpoint 'a-folder' does not exist or is not a file",
+    ),
+    "predict from a missing checkpoint": (
+        ["predict", "--ckpt_path=nowhere.ckpt"],
+        {},
+        "error: checkpoint 'nowhere.ckpt' does not exist or is not a file",
+    ),
+    "unknown command": (["exprot"], {}, "error: unknown command 'exprot' (did you mean 'export'?)"),
+}
+
+
+@pytest.mark.parametrize(("args", "files", "expected"), CASES.values(), ids=CASES.keys())
+def test_hostile_input_gets_one_line_and_writes_nothing(workdir, capfd, args, files, expected):
+    for name, text in files.items():
+        if name.endswith("/"):
+            (workdir / name).mkdir()
+        else:
+            write(workdir / name, text)
+    before = sorted(p.name for p in workdir.iterdir())
+    assert command(args) == 2
+    err = capfd.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("Seed set")]
+    assert expected in lines[0], err
+    if args[0] in ("fit", "validate", "test", "predict", "export"):
+        assert len(lines) == 1, err  # (an unknown command is followed by the command list)
+    assert "Traceback" not in err
+    assert sorted(p.name for p in workdir.iterdir()) == before and not made_a_run(workdir)
+
+
+def test_a_checkpoint_of_another_model_names_the_keys(trained_checkpoint, workdir, capfd):
+    other, renamed, reshaped = other_model(trained_checkpoint, workdir)
+    for subcommand in ("validate", "export"):
+        assert command([subcommand, f"--ckpt_path={other}"]) == 2
+        err = capfd.readouterr().err
+        (line,) = [line for line in err.splitlines() if line.startswith("error: ")]
+        assert "does not fit" in line
+        assert renamed in line and "elsewhere.weight" in line, line
+        assert reshaped in line, line
+        assert "Traceback" not in err
+    assert sorted(p.name for p in workdir.iterdir()) == ["other.ckpt"]
+
+
+def test_an_output_that_cannot_be_written(trained_checkpoint, workdir, capfd):
+    write(workdir / "a-file", "")
+    assert command(["export", f"--ckpt_path={trained_checkpoint}", "--output=a-file/m.pt"]) == 2
+    err = capfd.readouterr().err
+    assert "error: cannot write m.pt in a-file/: a-file is a file, not a folder (" in err
+    assert "Traceback" not in err
+    assert sorted(p.name for p in workdir.iterdir()) == ["a-file"]

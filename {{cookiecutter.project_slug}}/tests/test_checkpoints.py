@@ -1,0 +1,184 @@
+"""Checkpoints are written whole or not at all, a damaged one is skipped on resume,
+and a full disk is one clear error that loses nothing.
+
+Kit test: it runs whatever model and data `project.py` names.
+"""
+
+import os
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import (
+    fork_cli,
+    load_checkpoint,
+    run_dirs,
+    run_forked,
+)
+
+from {{ cookiecutter.package_name }}.kit import checkpoints
+from {{ cookiecutter.package_name }}.kit.checkpoints import (
+    CheckpointSaveError,
+    atomic_save,
+    check_checkpoint,
+    resume_candidates,
+)
+
+INSTRUMENTS = "--trainer.callbacks+=instruments.Instruments"
+
+
+def partial_files(folder: Path) -> list[Path]:
+    return sorted(folder.rglob(f"*{checkpoints.PARTIAL}"))
+
+
+def test_an_interrupted_write_leaves_the_previous_file_intact(tmp_path, monkeypatch):
+    target = tmp_path / "last.ckpt"
+    atomic_save({"step": 1, "weights": torch.ones(3)}, target)
+    save = torch.save
+
+    def half_then_fail(obj, file, *args, **kwargs):
+        file.write(b"PK\\x03\\x04 half a checkpoint")
+        raise RuntimeError("the machine went away")
+
+    monkeypatch.setattr(torch, "save", half_then_fail)
+    with pytest.raises(RuntimeError, match="the machine went away"):
+        atomic_save({"step": 2, "weights": torch.zeros(3)}, target)
+    monkeypatch.setattr(torch, "save", save)
+    assert check_checkpoint(target) == target
+    assert load_checkpoint(target)["step"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]  # nothing partial
+
+
+def test_a_write_never_goes_through_another_filesystem(tmp_path, monkeypatch):
+    """The temporary file is made beside the target, whatever $TMPDIR says."""
+    made = []
+    mkstemp = checkpoints.tempfile.mkstemp
+
+    def recording(*args, **kwargs):
+        made.append(Path(kwargs["dir"]))
+        return mkstemp(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoints.tempfile, "mkstemp", recording)
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "elsewhere"))
+    atomic_save({"x": 1}, tmp_path / "runs" / "last.ckpt")
+    assert made == [tmp_path / "runs"]
+
+
+def test_a_full_disk_is_one_error_naming_the_folder_and_its_free_space(tmp_path, monkeypatch):
+    target = tmp_path / "last.ckpt"
+    atomic_save({"step": 1}, target)
+
+    def no_space(obj, file, *args, **kwargs):
+        file.write(b"PK some bytes")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", no_space)
+    with pytest.raises(CheckpointSaveError) as error:
+        atomic_save({"step": 2}, target)
+    message = str(error.value)
+    assert f"cannot write last.ckpt in {tmp_path}/: No space left on device (" in message
+    assert " free); what was there before is intact" in message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
+
+
+@pytest.mark.slow
+def test_sigkill_in_the_middle_of_a_save_loses_nothing(workdir):
+    # Epoch 0 saves best and last; the third save (epoch 1's first) is cut in half.
+    killed = fork_cli(
+        "fit",
+        "--trainer.max_epochs=3",
+        INSTRUMENTS,
+        cwd=workdir,
+        env={"INSTRUMENTS_KILL_SAVE": "3"},
+    )
+    assert killed.wait() == -9
+    (run,) = run_dirs(workdir)
+    last = run / "checkpoints" / "last.ckpt"
+    assert load_checkpoint(check_checkpoint(last))["epoch"] == 0  # the previous one, whole
+    assert partial_files(workdir)  # what the killed write left: never a resume candidate
+    assert all(c.suffix == ".ckpt" for c in resume_candidates([run]))
+    resumed = run_forked("fit", "--ckpt_path=last", "--trainer.max_epochs=3", cwd=workdir)
+    assert "left by a write that was cut off" in resumed.stderr
+    assert not partial_files(workdir)
+    assert load_checkpoint(last)["epoch"] == 2 and run_dirs(workdir) == [run]
+
+
+def damage(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    path.write_bytes(bytes(data[: len(data) // 2]))
+
+
+@pytest.mark.slow
+def test_resume_skips_a_damaged_newest_checkpoint_and_says_why(trained_checkpoint, workdir):
+    from conftest import folder_of
+
+    shutil.copytree(folder_of(trained_checkpoint), workdir, dirs_exist_ok=True)
+    (run,) = run_dirs(workdir)
+    last = run / "checkpoints" / "last.ckpt"
+    (best,) = (run / "checkpoints").glob("best-*.ckpt")
+    damage(last)
+    os.utime(best, (1, 1))  # older than the damaged last.ckpt
+    resumed = run_forked("fit", "--ckpt_path=last", "--trainer.max_epochs=3", cwd=workdir)
+    name, best_name = last.relative_to(workdir), best.relative_to(workdir)
+    assert f"Skipping {name}: checkpoint '{name}'" in resumed.stderr
+    assert "is truncated or not a PyTorch checkpoint" in resumed.stderr
+    assert f"Resuming from {best_name}" in resumed.stderr
+    assert load_checkpoint(last)["epoch"] == 2 and run_dirs(workdir) == [run]
+
+
+def test_with_every_checkpoint_damaged_the_run_starts_afresh_saying_so(
+    trained_checkpoint, workdir, caplog
+):
+    import logging
+
+    from conftest import folder_of
+
+    from {{ cookiecutter.package_name }}.kit.cli import main
+
+    shutil.copytree(folder_of(trained_checkpoint), workdir, dirs_exist_ok=True)
+    (run,) = run_dirs(workdir)
+    for file in (run / "checkpoints").glob("*.ckpt"):
+        damage(file)
+    with caplog.at_level(logging.INFO):
+        cli = main(["fit", "--ckpt_path=last", "--trainer.fast_dev_run=true"])
+    assert "No checkpoint to resume (2 damaged, named above): starting a new run" in caplog.text
+    assert cli.trainer.global_step == 1  # from the start
+
+
+def mounted_tmpfs(folder: Path, megabytes: int) -> bool:
+    folder.mkdir(parents=True)
+    command = ["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs", str(folder)]
+    return subprocess.run(command, capture_output=True).returncode == 0
+
+
+@pytest.mark.slow
+def test_a_genuinely_full_disk_stops_the_run_with_one_message(workdir):
+    small = Path("/tmp") / f"small-disk-{uuid.uuid4().hex}"
+    if not mounted_tmpfs(small, 8):
+        shutil.rmtree(small, ignore_errors=True)
+        pytest.skip("cannot mount a small tmpfs here (needs root); the injected OSError covers it")
+    try:
+        env = {"INSTRUMENTS_FILL": str(small / "filler"), "INSTRUMENTS_FILL_EPOCH": "1"}
+        result = run_forked(
+            "fit",
+            "--trainer.max_epochs=3",
+            f"--checkpoint.dirpath={small / 'checkpoints'}",
+            INSTRUMENTS,
+            cwd=workdir,
+            env=env,
+            check=False,
+        )
+        assert result.returncode == 2, result.stderr[-3000:]
+        (line,) = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+        assert f"in {small / 'checkpoints'}/: No space left on device (" in line
+        assert "MiB free); what was there before is intact" in line
+        assert "Traceback" not in result.stderr
+        last = small / "checkpoints" / "last.ckpt"
+        assert load_checkpoint(check_checkpoint(last))["epoch"] == 0
+        assert not partial_files(small)
+    finally:
+        subprocess.run(["umount", str(small)], check=False)
+        shutil.rmtree(small, ignore_errors=True)
