@@ -1,21 +1,28 @@
-"""Render the default project and time it against plain PyTorch, on the same work.
+"""Render the default project and time it against plain PyTorch and Lightning, on the same work.
 
     python benchmarks/bench.py [--repeats 3] [--output benchmarks/latest.json]
 
 Same model, data, batch size and number of optimizer steps (the default: 20
 epochs of the digits example, validating after each), timed in one process:
 
-  (a) plain   the guide's PyTorch loop done right: .to(device), zero_grad,
-              eval() + no_grad for validation
-  (b) trainer Lightning's Trainer with its out-of-the-box defaults
-  (c) project the rendered project's default `fit` (progress bar, TensorBoard
-              logging, best and last checkpoints, environment and health reports)
+  plain            the guide's PyTorch loop done right: .to(device), zero_grad,
+                   eval() + no_grad for validation
+  lightning_bare   Lightning's loop alone: no logger, checkpoints, progress bar
+                   or summary, and no self.log in the training step
+  trainer          Lightning's Trainer with its out-of-the-box defaults
+  project          the rendered project's default `fit` (progress bar, logging,
+                   best and last checkpoints, environment and health reports)
+  project_per_sample   the same with `--data.on_device false`: the DataLoader
+                   reads the in-memory tensors sample by sample and collates
+  project_compiled `--compile.enabled true` (first-step compilation included)
 
 Each is run `--repeats` times, interleaved; medians are reported, with the
-ratios (c)/(a) and (b)/(a). Cold starts are timed too: `fit
+ratios to the plain loop and the project's to Lightning's bare loop. A heavier
+workload (the CNN at 128 channels, a step of tens of milliseconds on a CPU)
+repeats plain, bare and project. Cold starts are timed too: `fit
 --trainer.fast_dev_run true` against `python -c "import lightning.pytorch"`,
 and `doctor` against `python -c "import torch"`. On CUDA it adds the project's
-fit in fp32 against the resolved precision, samples/s and the data-wait share.
+fit in fp32 against the resolved precision, with MFU and peak memory.
 """
 
 import argparse
@@ -34,6 +41,7 @@ from pathlib import Path
 from cookiecutter.main import cookiecutter
 
 TEMPLATE = Path(__file__).resolve().parents[1]
+HEAVY_CHANNELS = 128
 
 
 def quiet():
@@ -46,17 +54,17 @@ def quiet():
     return stack
 
 
-def plain_loop(pkg, epochs: int, batch_size: int) -> dict:
+def plain_loop(pkg, epochs: int, batch_size: int, channels: int) -> dict:
     import torch
     from torch.utils.data import DataLoader
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(42)
-    data = pkg.data.DigitsDataModule(batch_size=batch_size)
+    data = pkg.data.DigitsDataModule(batch_size=batch_size, on_device=False)
     data.setup("fit")
     train = DataLoader(data.splits["train"], batch_size=batch_size, shuffle=True)
     val = DataLoader(data.splits["val"], batch_size=batch_size)
-    model = pkg.model.DigitsCNN().to(device)
+    model = pkg.model.DigitsCNN(channels=channels).to(device)
     optimizer = torch.optim.AdamW(model.parameters())
     loss_fn = torch.nn.CrossEntropyLoss()
     steps, correct = 0, 0
@@ -78,18 +86,42 @@ def plain_loop(pkg, epochs: int, batch_size: int) -> dict:
     return {"steps": steps, "val_acc": float(correct) / len(data.splits["val"])}
 
 
-def lightning_defaults(pkg, epochs: int, batch_size: int) -> dict:
+def lightning_fit(pkg, epochs: int, batch_size: int, channels: int, bare: bool) -> dict:
     from lightning.pytorch import Trainer, seed_everything
 
     seed_everything(42)
-    trainer = Trainer(max_epochs=epochs)
-    trainer.fit(pkg.model.DigitsClassifier(), pkg.data.DigitsDataModule(batch_size=batch_size))
+    if bare:
+        trainer = Trainer(
+            max_epochs=epochs,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
+    else:
+        trainer = Trainer(max_epochs=epochs)
+    model = pkg.model.DigitsClassifier(channels=channels)
+    trainer.fit(model, pkg.data.DigitsDataModule(batch_size=batch_size, on_device=False))
     return {"steps": trainer.global_step, "val_acc": float(trainer.callback_metrics["val/acc"])}
 
 
-def project_fit(pkg, epochs: int, batch_size: int, *extra: str) -> dict:
+def lightning_bare(pkg, epochs, batch_size, channels) -> dict:
+    return lightning_fit(pkg, epochs, batch_size, channels, bare=True)
+
+
+def lightning_defaults(pkg, epochs, batch_size, channels) -> dict:
+    return lightning_fit(pkg, epochs, batch_size, channels, bare=False)
+
+
+def project_fit(pkg, epochs: int, batch_size: int, channels: int, *extra: str) -> dict:
     cli = pkg.cli.main(
-        ["fit", f"--trainer.max_epochs={epochs}", f"--data.batch_size={batch_size}", *extra]
+        [
+            "fit",
+            f"--trainer.max_epochs={epochs}",
+            f"--data.batch_size={batch_size}",
+            f"--model.channels={channels}",
+            *extra,
+        ]
     )
     health = next(c for c in cli.trainer.callbacks if type(c).__name__ == "TrainingHealth")
     return {
@@ -100,11 +132,32 @@ def project_fit(pkg, epochs: int, batch_size: int, *extra: str) -> dict:
     }
 
 
+def project_per_sample(pkg, epochs, batch_size, channels) -> dict:
+    return project_fit(pkg, epochs, batch_size, channels, "--data.on_device=false")
+
+
+def project_compiled(pkg, epochs, batch_size, channels) -> dict:
+    return project_fit(pkg, epochs, batch_size, channels, "--compile.enabled=true")
+
+
 def timed(fn, *args) -> tuple[float, dict]:
     start = time.perf_counter()
     with quiet():
         result = fn(*args)
     return time.perf_counter() - start, result
+
+
+def interleaved(runs: dict, repeats: int, *args) -> tuple[dict, dict]:
+    """Median seconds of each run over `repeats` rounds, and each one's last result."""
+    seconds = {name: [] for name in runs}
+    details = {}
+    for _ in range(repeats):
+        for name, fn in runs.items():
+            elapsed, details[name] = timed(fn, *args)
+            seconds[name].append(elapsed)
+    steps = {name: details[name]["steps"] for name in runs}
+    assert len(set(steps.values())) == 1, f"the runs did different work: {steps}"
+    return seconds, details
 
 
 def cold_start(cmd: list[str], cwd: Path, env: dict, repeats: int) -> float:
@@ -120,7 +173,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=20, help="the project's default is 20")
+    parser.add_argument("--heavy-epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=64, help="the project's default")
+    parser.add_argument("--no-compile", action="store_true", help="skip the compiled row")
     parser.add_argument("--output", type=Path, default=TEMPLATE / "benchmarks" / "latest.json")
     args = parser.parse_args()
 
@@ -135,20 +190,22 @@ def main() -> None:
     import torch
 
     os.chdir(project)  # logs and checkpoints land in the scratch project
-    runs = {"plain": [], "trainer": [], "project": []}
-    details = {}
-    for _ in range(args.repeats):
-        for name, fn in (
-            ("plain", plain_loop),
-            ("trainer", lightning_defaults),
-            ("project", project_fit),
-        ):
-            seconds, result = timed(fn, pkg, args.epochs, args.batch_size)
-            runs[name].append(seconds)
-            details[name] = result
-    medians = {name: statistics.median(times) for name, times in runs.items()}
-    steps = {name: details[name]["steps"] for name in runs}
-    assert len(set(steps.values())) == 1, f"the runs did different work: {steps}"
+    runs = {
+        "plain": plain_loop,
+        "lightning_bare": lightning_bare,
+        "trainer": lightning_defaults,
+        "project": project_fit,
+        "project_per_sample": project_per_sample,
+    }
+    if not args.no_compile:
+        runs["project_compiled"] = project_compiled
+    seconds, details = interleaved(runs, args.repeats, pkg, args.epochs, args.batch_size, 32)
+    medians = {name: statistics.median(times) for name, times in seconds.items()}
+    heavy_runs = {"plain": plain_loop, "lightning_bare": lightning_bare, "project": project_fit}
+    heavy_seconds, heavy_details = interleaved(
+        heavy_runs, args.repeats, pkg, args.heavy_epochs, args.batch_size, HEAVY_CHANNELS
+    )
+    heavy = {name: statistics.median(times) for name, times in heavy_seconds.items()}
 
     env = {**os.environ, "PYTHONPATH": str(project / "src")}
     python = sys.executable
@@ -168,6 +225,9 @@ def main() -> None:
     cold["fast_dev_run_over_import_s"] = cold["fast_dev_run_s"] - cold["import_lightning_s"]
     cold["doctor_over_import_torch_s"] = cold["doctor_s"] - cold["import_torch_s"]
 
+    def ratio(a: float, b: float) -> float:
+        return round(a / b, 3)
+
     report = {
         "machine": {
             "platform": platform.platform(),
@@ -177,21 +237,40 @@ def main() -> None:
             "torch": torch.__version__,
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         },
-        "work": {"epochs": args.epochs, "batch_size": args.batch_size, "steps": steps["plain"]},
+        "work": {
+            "epochs": args.epochs,
+            "batch_size": args.batch_size,
+            "steps": details["plain"]["steps"],
+        },
         "repeats": args.repeats,
         "seconds": {name: round(s, 3) for name, s in medians.items()},
-        "all_seconds": {name: [round(s, 3) for s in times] for name, times in runs.items()},
-        "ratio_project_over_plain": round(medians["project"] / medians["plain"], 3),
-        "ratio_trainer_over_plain": round(medians["trainer"] / medians["plain"], 3),
+        "all_seconds": {name: [round(s, 3) for s in times] for name, times in seconds.items()},
+        "ratio_project_over_plain": ratio(medians["project"], medians["plain"]),
+        "ratio_trainer_over_plain": ratio(medians["trainer"], medians["plain"]),
+        "ratio_project_over_lightning_bare": ratio(medians["project"], medians["lightning_bare"]),
+        "ratio_per_sample_over_sliced": ratio(medians["project_per_sample"], medians["project"]),
+        "ratio_compiled_over_eager": (
+            ratio(medians["project_compiled"], medians["project"]) if not args.no_compile else None
+        ),
         "val_acc": {name: round(details[name]["val_acc"], 4) for name in runs},
         "project_health": {
-            k: details["project"].get(k) for k in ("samples_per_s", "data_wait_share")
+            k: details["project"].get(k)
+            for k in ("samples_per_s", "data_wait_share", "flops_per_batch", "flops_per_s", "mfu")
+        },
+        "heavy": {
+            "channels": HEAVY_CHANNELS,
+            "epochs": args.heavy_epochs,
+            "steps": heavy_details["plain"]["steps"],
+            "seconds": {name: round(s, 3) for name, s in heavy.items()},
+            "ms_per_step_plain": round(1000 * heavy["plain"] / heavy_details["plain"]["steps"], 1),
+            "ratio_project_over_plain": ratio(heavy["project"], heavy["plain"]),
+            "ratio_project_over_lightning_bare": ratio(heavy["project"], heavy["lightning_bare"]),
         },
         "cold_start": {k: round(v, 3) for k, v in cold.items()},
     }
     if torch.cuda.is_available():
         fp32, result = timed(
-            project_fit, pkg, args.epochs, args.batch_size, "--trainer.precision=32-true"
+            project_fit, pkg, args.epochs, args.batch_size, 32, "--trainer.precision=32-true"
         )
         report["cuda"] = {
             "resolved_precision": details["project"]["precision"],
@@ -200,6 +279,7 @@ def main() -> None:
             "fp32_samples_per_s": result.get("samples_per_s"),
             "resolved_samples_per_s": details["project"].get("samples_per_s"),
             "resolved_data_wait_share": details["project"].get("data_wait_share"),
+            "resolved_mfu": details["project"].get("mfu"),
             "peak_memory_mib": details["project"].get("peak_memory_mib"),
         }
     args.output.parent.mkdir(parents=True, exist_ok=True)

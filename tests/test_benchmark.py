@@ -1,8 +1,12 @@
 """The benchmark runs end to end and writes every figure the README quotes."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
+import torch
 from conftest import TEMPLATE, python
 
 
@@ -13,19 +17,65 @@ def test_benchmark_writes_its_json(tmp_path):
         str(TEMPLATE / "benchmarks" / "bench.py"),
         "--repeats=1",
         "--epochs=1",
+        "--heavy-epochs=1",
+        "--no-compile",  # the compile switch has its own test in the rendered project
         f"--output={output}",
         cwd=tmp_path,
         timeout=600,
     )
     report = json.loads(output.read_text())
     assert report["work"] == {"epochs": 1, "batch_size": 64, "steps": 20}
-    assert set(report["seconds"]) == {"plain", "trainer", "project"}
-    assert all(s > 0 for s in report["seconds"].values())
-    ratio = report["seconds"]["project"] / report["seconds"]["plain"]
+    seconds = report["seconds"]
+    assert set(seconds) == {"plain", "lightning_bare", "trainer", "project", "project_per_sample"}
+    assert all(s > 0 for s in seconds.values())
+    ratio = seconds["project"] / seconds["plain"]
     assert report["ratio_project_over_plain"] == pytest.approx(ratio, rel=0.01)  # both rounded
+    bare = seconds["project"] / seconds["lightning_bare"]
+    assert report["ratio_project_over_lightning_bare"] == pytest.approx(bare, rel=0.01)
+    heavy = report["heavy"]
+    assert heavy["channels"] == 128 and heavy["steps"] == 20
+    assert heavy["ratio_project_over_plain"] == pytest.approx(
+        heavy["seconds"]["project"] / heavy["seconds"]["plain"], rel=0.01
+    )
+    assert report["project_health"]["flops_per_batch"] > 0
     assert 0 <= report["project_health"]["data_wait_share"] <= 1
     assert report["project_health"]["samples_per_s"] > 0
     cold = report["cold_start"]
     for key in ("import_lightning_s", "fast_dev_run_s", "import_torch_s", "doctor_s"):
         assert cold[key] > 0
     assert report["machine"]["cpus"] >= 1
+
+
+def test_gpu_check_says_in_one_line_that_there_is_no_cuda(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: scripts/gpu_check.sh runs for real there")
+    script = TEMPLATE / "scripts" / "gpu_check.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    result = subprocess.run(
+        ["bash", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHON": sys.executable},
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "gpu_check: no CUDA device here (torch.cuda.is_available() is False); nothing to check"
+    ]
+    assert result.stdout == ""
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_gpu_check_runs_the_gpu_tests_and_the_benchmark(tmp_path):
+    output = tmp_path / "gpu.json"
+    result = subprocess.run(
+        ["bash", str(TEMPLATE / "scripts" / "gpu_check.sh")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "PYTHON": sys.executable, "GPU_CHECK_OUTPUT": str(output)},
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = json.loads(output.read_text())["rows"]
+    assert len(rows) == 5 and all(row["samples_per_s"] > 0 for row in rows.values())

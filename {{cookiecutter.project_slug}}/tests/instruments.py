@@ -149,12 +149,13 @@ def run_command(args: list[str], cwd: str, env: dict, output: str) -> None:
 
     os.chdir(cwd)
     os.environ.update(env)
+    package = os.environ["INSTRUMENTS_PACKAGE"]
+    sys.argv = [package, *args]  # as the command line would have it
     for fd, name in ((1, "stdout.txt"), (2, "stderr.txt")):
         with open(Path(output) / name, "a") as file:
             os.dup2(file.fileno(), fd)
     from importlib import import_module
 
-    package = os.environ["INSTRUMENTS_PACKAGE"]
     code = import_module(f"{package}.__main__").main(list(args))
     sys.stdout.flush()
     sys.stderr.flush()

@@ -8,11 +8,13 @@ import pytest
 import torch
 from conftest import configured, first_batch, same_values
 from lightning.pytorch import Trainer
-from torch.utils.data import ConcatDataset, Dataset, TensorDataset
+from torch.utils.data import ConcatDataset, DataLoader, Dataset, TensorDataset
 
 from {{ cookiecutter.package_name }}.kit.data import (
     LoaderSettings,
     SplitDataModule,
+    TensorBatches,
+    fits_on,
     is_in_memory,
     resolve_loader_settings,
     split_dataset,
@@ -145,3 +147,32 @@ def test_the_configured_data_gives_batches_for_every_split():
 
 def test_the_configured_split_is_the_same_every_time():
     assert same_values(first_batch(configured(), "val"), first_batch(configured(), "val"))
+
+
+class Tensors(SplitDataModule):
+    def make_splits(self):
+        x, y = torch.arange(40.0).reshape(20, 2), torch.arange(20)
+        return split_dataset(TensorDataset(x, y), [10, 5, 5], self.hparams.split_seed)
+
+
+def test_tensor_splits_are_sliced_a_batch_at_a_time(monkeypatch):
+    datamodule = Tensors(batch_size=4)
+    datamodule.setup("fit")
+    assert all(isinstance(split, TensorBatches) for split in datamodule.splits.values())
+
+    def per_sample(self, index):
+        raise AssertionError("a batch of tensors is sliced at once, not read sample by sample")
+
+    monkeypatch.setattr(TensorBatches, "__getitem__", per_sample)
+    sliced = list(datamodule.val_dataloader())
+    monkeypatch.undo()
+    original = Tensors().make_splits()["val"]
+    assert same_values(sliced, list(DataLoader(original, batch_size=4)))
+    assert datamodule.loader_settings.num_workers == 0  # in memory: nothing for workers to do
+
+
+def test_tensors_stay_where_they_are_without_cuda():
+    datamodule = Tensors(on_device=True)
+    datamodule.setup("fit")  # no Trainer: the CPU
+    assert datamodule.splits["train"].tensors[0].device.type == "cpu"
+    assert not fits_on(torch.device("cpu"), [torch.zeros(1)])

@@ -33,6 +33,27 @@ def test_the_cnn_maps_images_to_ten_logits():
     assert DigitsCNN(channels=8)(torch.zeros(2, 1, 8, 8)).shape == (2, 10)
 
 
+def cnn_flops_per_sample(channels: int = 32, classes: int = 10) -> int:
+    """The CNN's FLOPs for one training sample, by hand (2 per multiply-add).
+
+    Forward: conv 1->c and c->c on 8x8, conv c->2c on 4x4, linear 2c*2*2 -> classes.
+    Backward: each layer's weight gradient costs its forward again, and its
+    input gradient once more, except the first conv's (the image needs none).
+    """
+    conv1 = 2 * 8 * 8 * channels * 1 * 9
+    conv2 = 2 * 8 * 8 * channels * channels * 9
+    conv3 = 2 * 4 * 4 * (2 * channels) * channels * 9
+    linear = 2 * (2 * channels * 2 * 2) * classes
+    forward = conv1 + conv2 + conv3 + linear
+    return forward + conv1 + 2 * (conv2 + conv3 + linear)
+
+
+def test_the_health_report_counts_the_cnns_flops_exactly(workdir):
+    cli = main(["fit", "--trainer.max_steps=1", "--trainer.logger=false", "--data.batch_size=16"])
+    (health,) = [c for c in cli.trainer.callbacks if isinstance(c, TrainingHealth)]
+    assert health.flops_per_batch == 16 * cnn_flops_per_sample() == 16 * 5_397_504
+
+
 def test_optimizer_and_scheduler_are_chosen_from_the_command_line():
     cli = configured(
         "--model.optimizer=torch.optim.SGD",
@@ -135,6 +156,8 @@ import torch
 from conftest import configured
 
 from {{ cookiecutter.package_name }}.data import SyntheticRegressionDataModule
+from {{ cookiecutter.package_name }}.kit.cli import main
+from {{ cookiecutter.package_name }}.kit.health import TrainingHealth
 from {{ cookiecutter.package_name }}.model import MLP, Regressor
 
 
@@ -145,7 +168,18 @@ def test_the_split_is_70_15_15_and_the_same_every_time():
     assert [len(first.splits[name]) for name in ("train", "val", "test")] == [2868, 614, 614]
     x, y = first.splits["train"][0]
     assert x.shape == (16,) and y.shape == (1,)
-    assert first.splits["val"].indices == second.splits["val"].indices
+    for a, b in zip(first.splits["val"].tensors, second.splits["val"].tensors, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_the_health_report_counts_the_mlps_flops_exactly(workdir):
+    cli = main(["fit", "--trainer.max_steps=1", "--trainer.logger=false", "--data.batch_size=16"])
+    (health,) = [c for c in cli.trainer.callbacks if isinstance(c, TrainingHealth)]
+    # By hand, 2 FLOPs per multiply-add: forward 16->32->1; backward, each layer's
+    # weight gradient again, and the second layer's input gradient.
+    forward = 2 * (16 * 32 + 32 * 1)
+    backward = 2 * 16 * 32 + 2 * (2 * 32 * 1)
+    assert health.flops_per_batch == 16 * (forward + backward) == 16 * 2240
 
 
 def test_the_mlp_maps_features_to_one_output():

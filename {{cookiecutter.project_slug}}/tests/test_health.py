@@ -159,3 +159,73 @@ def test_accumulating_a_batchnorm_model_warns_once():
         trainer.fit(WithBatchNorm(clock), DataLoader(Timed(clock, 0.0), batch_size=BATCH))
     advice = [str(w.message) for w in caught if "BatchNorm with accumulate" in str(w.message)]
     assert len(advice) == 1 and f"micro-batch of {BATCH} samples" in advice[0]
+
+
+def test_flops_are_counted_on_the_first_step_and_give_flop_per_second(workdir, monkeypatch):
+    cli = main(
+        ["fit", "--trainer.max_steps=3", "--trainer.limit_val_batches=0", "--trainer.logger=false"]
+    )
+    (health,) = [c for c in cli.trainer.callbacks if isinstance(c, TrainingHealth)]
+    summary = health.summary
+    assert summary["flops_per_batch"] and summary["flops_per_batch"] > 0
+    assert summary["flops_per_s"] == pytest.approx(
+        summary["flops_per_batch"] * 3 / health.compute, rel=1e-6
+    )
+    assert summary["mfu"] is None or torch.cuda.is_available()  # a CPU has no known peak
+
+
+def test_mfu_is_achieved_over_the_device_peak_for_the_precision(monkeypatch):
+    from {{ cookiecutter.package_name }}.kit import health as module
+
+    assert module.compute_dtype("bf16-mixed") is torch.bfloat16
+    assert module.compute_dtype("16-mixed") is torch.float16
+    assert module.compute_dtype("32-true") is torch.float32
+    assert module.peak_flops(torch.device("cpu"), "32-true") is None
+    monkeypatch.setattr(module, "peak_flops", lambda device, precision: 4e9)
+    health = TrainingHealth()
+    health.flops_per_batch, health.steps, health.compute = 10**9, 4, 2.0
+    health.samples, health.wait = 32, 0.5
+    trainer = Trainer(accelerator="cpu", logger=False, enable_progress_bar=False)
+    facts = health.measure(trainer, LightningModule())
+    assert facts["flops_per_s"] == 2e9 and facts["mfu"] == 0.5
+
+
+class FixedLosses(TimedModel):
+    """Training losses 1, 2, 3, ... (plus 0 times the real loss, for the gradient)."""
+
+    def training_step(self, batch, batch_idx):
+        return super().training_step(batch, batch_idx) * 0 + float(self.global_step + 1)
+
+
+class LogsItsOwn(FixedLosses):
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.log("train/loss", loss * 100)
+        return loss
+
+
+@pytest.mark.parametrize(
+    ("model", "expected"), [(FixedLosses, [2.0, 5.0]), (LogsItsOwn, [300.0, 600.0])]
+)
+def test_train_loss_is_the_mean_of_each_logging_window(tmp_path, model, expected):
+    from lightning.pytorch.loggers import CSVLogger
+
+    from {{ cookiecutter.package_name }}.kit.callbacks import TrainLoss
+
+    trainer = Trainer(
+        accelerator="cpu",
+        max_steps=6,
+        log_every_n_steps=3,
+        callbacks=[TrainLoss()],
+        logger=CSVLogger(tmp_path, name="", version=""),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    clock = FakeClock()
+    trainer.fit(model(clock), DataLoader(Timed(clock, 0.0), batch_size=BATCH))
+    rows = (tmp_path / "metrics.csv").read_text().splitlines()
+    column = rows[0].split(",").index("train/loss")
+    logged = [float(row.split(",")[column]) for row in rows[1:] if row.split(",")[column]]
+    # Windows of 3 steps: losses 1, 2, 3 then 4, 5, 6 (a module's own value wins).
+    assert logged == expected

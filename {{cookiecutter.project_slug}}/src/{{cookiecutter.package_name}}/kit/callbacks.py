@@ -9,6 +9,7 @@ loader settings are read from the training DataLoader itself, so they are shown
 for any DataModule.
 """
 
+from collections.abc import Mapping
 from itertools import chain
 from typing import Any
 
@@ -164,3 +165,39 @@ class FailureContext(Callback):
             device: names[:4] + ([f"... {len(names) - 4} more"] if len(names) > 4 else [])
             for device, names in where.items()
         }
+
+
+class TrainLoss(Callback):
+    """Logs `train/loss`: the mean training loss over each logging window.
+
+    Each step's loss is added to a sum kept on the device (no host sync), and
+    the mean is logged once per `--trainer.log_every_n_steps`, on the steps the
+    logger writes: a smoother curve than one batch's loss, for a fraction of
+    the cost of logging every step. The progress bar shows the same mean. It
+    reads the loss that `training_step` returns, so any module gets the curve;
+    one that logs `train/loss` itself keeps its own.
+    """
+
+    NAME = "train/loss"
+
+    def __init__(self) -> None:
+        self._sum: torch.Tensor | None = None
+        self._count = 0
+        self._module_logs_it: bool | None = None
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module, outputs, batch, batch_idx) -> None:
+        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+        if not isinstance(loss, torch.Tensor):
+            return
+        if self._module_logs_it is None:
+            self._module_logs_it = self.NAME in trainer.callback_metrics
+        if self._module_logs_it:
+            return
+        loss = loss.detach()
+        self._sum = loss if self._sum is None else self._sum + loss
+        self._count += 1
+        # The logger connector's own rule, so the value is logged when it is written.
+        connector = getattr(trainer, "_logger_connector", None)
+        if getattr(connector, "should_update_logs", True):
+            pl_module.log(self.NAME, self._sum / self._count, prog_bar=True)
+            self._sum, self._count = None, 0

@@ -25,7 +25,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from {{ cookiecutter.package_name }}.kit.callbacks import EnvironmentReport, FailureContext
+from {{ cookiecutter.package_name }}.kit.callbacks import EnvironmentReport, FailureContext, TrainLoss
 from {{ cookiecutter.package_name }}.kit.checkpoints import (
     AtomicCheckpointIO,
     BestAndLast,
@@ -38,6 +38,7 @@ from {{ cookiecutter.package_name }}.kit.checkpoints import (
     state_dict_mismatch,
 )
 from {{ cookiecutter.package_name }}.kit.hardware import (
+    CompileNetwork,
     cuda_capabilities,
     mps_available,
     resolve_precision,
@@ -216,6 +217,8 @@ class ProjectCLI(LightningCLI):
                 "checkpoint.auto_insert_metric_name": False,
             }
         )
+        parser.add_lightning_class_args(TrainLoss, "train_loss")
+        parser.add_lightning_class_args(CompileNetwork, "compile")
         parser.add_lightning_class_args(EnvironmentReport, "environment_report")
         parser.add_lightning_class_args(TrainingHealth, "health")
         parser.add_lightning_class_args(FailureContext, "failure_context")

@@ -4,8 +4,11 @@ Loader settings follow the guide (3.1): worker processes so the accelerator neve
 waits on Python, pinned memory when batches go to a CUDA device, and workers
 kept alive between epochs. `SplitDataModule` resolves each one at `setup` from
 the machine and the Trainer unless you set it (`--data.num_workers 4`,
-`--data.pin_memory false`). Using it is optional: the rest of the kit reads
-what it needs from the DataLoaders of any LightningDataModule.
+`--data.pin_memory false`). Splits that are tensors in memory are sliced a
+whole batch at a time (no per-sample `__getitem__`, no collate) and, on a CUDA
+device they fit on, kept there (no copy per step). Using it is optional: the
+rest of the kit reads what it needs from the DataLoaders of any
+LightningDataModule.
 """
 
 import os
@@ -64,6 +67,46 @@ def resolve_loader_settings(
     return LoaderSettings(num_workers, pin_memory, persistent_workers=num_workers > 0)
 
 
+class TensorBatches(TensorDataset):
+    """Tensors indexed a batch at a time.
+
+    The DataLoader hands `__getitems__` the indices of a whole batch (whatever
+    its sampler, DDP's too) and gets the batch as one slice of each tensor:
+    no per-sample indexing, no collate. The tensors may live on the GPU.
+    """
+
+    in_memory = True
+
+    def __getitems__(self, indices: list[int]) -> list[torch.Tensor]:
+        # A list, as the default collate makes of a TensorDataset's samples.
+        index = torch.as_tensor(indices, device=self.tensors[0].device)
+        return [tensor[index] for tensor in self.tensors]
+
+
+def _as_sliced(batch):
+    return batch
+
+
+def tensors_of(dataset: Dataset) -> tuple[torch.Tensor, ...] | None:
+    """The tensors behind a TensorDataset, or a Subset of one (indexed); None otherwise."""
+    if isinstance(dataset, TensorDataset):
+        return dataset.tensors
+    if isinstance(dataset, Subset):
+        inner = tensors_of(dataset.dataset)
+        if inner is not None:
+            index = torch.as_tensor(dataset.indices)
+            return tuple(tensor[index] for tensor in inner)
+    return None
+
+
+def fits_on(device: torch.device, tensors: list[torch.Tensor], share: float = 0.25) -> bool:
+    """Whether `tensors` take less than `share` of the free memory of a CUDA `device`."""
+    if device.type != "cuda":
+        return False
+    size = sum(tensor.numel() * tensor.element_size() for tensor in tensors)
+    return size < share * torch.cuda.mem_get_info(device)[0]
+
+
 def is_in_memory(dataset: Dataset) -> bool:
     """Whether indexing `dataset` only slices tensors already in memory.
 
@@ -118,7 +161,11 @@ class SplitDataModule(LightningDataModule):
     Subclasses return `{"train": ..., "val": ..., "test": ...}` from
     `make_splits()`; any `Dataset` works. Define a `collate_fn(self, samples)`
     method to batch samples your own way (padding, dicts). `predict` reads the
-    split named by `predict_split`.
+    split named by `predict_split`. With `on_device` None (the default), splits
+    of tensors are sliced a batch at a time and, on a CUDA device where they take
+    under a quarter of the free memory, kept there; True keeps them on the
+    device whatever their size; False reads them sample by sample through the
+    usual DataLoader path.
     """
 
     collate_fn: Callable[[list[Any]], Any] | None = None
@@ -130,6 +177,7 @@ class SplitDataModule(LightningDataModule):
         pin_memory: bool | None = None,
         split_seed: int = 42,
         predict_split: str = "test",
+        on_device: bool | None = None,
     ):
         super().__init__()
         if batch_size < 1:
@@ -149,14 +197,31 @@ class SplitDataModule(LightningDataModule):
         if not self.splits:
             self.splits = self.make_splits()
         trainer = self.trainer
+        device = trainer.strategy.root_device if trainer else None  # None: no Trainer, the CPU
+        on_cuda = device is not None and device.type == "cuda"
+        on_device = self._slice_tensor_splits(device if on_cuda else None)
         self.loader_settings = resolve_loader_settings(
             self.hparams.num_workers,
-            self.hparams.pin_memory,
+            False if on_device else self.hparams.pin_memory,
             cpus=available_cpus(),
             local_world_size=trainer.num_devices if trainer else 1,
-            on_cuda=bool(trainer) and trainer.strategy.root_device.type == "cuda",
+            on_cuda=on_cuda,
             in_memory=all(is_in_memory(split) for split in self.splits.values()),
         )
+
+    def _slice_tensor_splits(self, device: torch.device | None) -> bool:
+        """Turn splits of tensors into TensorBatches, moved to the CUDA `device` (None:
+        none) where `on_device` says so; returns whether they were moved."""
+        wanted = self.hparams.get("on_device")  # absent where a subclass does not pass it on
+        if self.collate_fn is not None or wanted is False:  # batches made the usual way
+            return False
+        tensors = {name: tensors_of(split) for name, split in self.splits.items()}
+        tensors = {name: found for name, found in tensors.items() if found is not None}
+        everything = [tensor for found in tensors.values() for tensor in found]
+        move = device is not None and (wanted or (wanted is None and fits_on(device, everything)))
+        for name, found in tensors.items():
+            self.splits[name] = TensorBatches(*(t.to(device) if move else t for t in found))
+        return bool(move and tensors)
 
     def loader(self, split: str, shuffle: bool = False) -> DataLoader:
         """The DataLoader of one split, with the resolved settings."""
@@ -168,14 +233,17 @@ class SplitDataModule(LightningDataModule):
                 f"{sorted(self.splits)}"
             )
         settings = self.loader_settings
+        dataset = self.splits[split]
+        sliced = isinstance(dataset, TensorBatches)
+        on_gpu = sliced and dataset.tensors[0].is_cuda  # no workers, nothing to pin
         return DataLoader(
-            self.splits[split],
+            dataset,
             batch_size=self.batch_size,
             shuffle=shuffle,
-            num_workers=settings.num_workers,
-            pin_memory=settings.pin_memory,
-            persistent_workers=settings.persistent_workers,
-            collate_fn=self.collate_fn,
+            num_workers=0 if on_gpu else settings.num_workers,
+            pin_memory=settings.pin_memory and not on_gpu,
+            persistent_workers=settings.persistent_workers and not on_gpu,
+            collate_fn=_as_sliced if sliced else self.collate_fn,
         )
 
     def train_dataloader(self) -> DataLoader:

@@ -1,5 +1,7 @@
 """Defaults that depend on the hardware the run will use: precision and matmul kernels.
 
+Also `--compile.enabled true`, which compiles the network with torch.compile.
+
 Mixed precision is the first speed-up worth having on a GPU (the guide, 6.1):
 bf16 where the card has it (Ampere and newer), since it keeps float32's range
 and needs no gradient scaler; fp16 with a scaler on older cards; full float32
@@ -8,9 +10,10 @@ will actually use, not the machine: `--trainer.accelerator cpu` on a GPU
 machine trains in float32.
 """
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
 
 
 def cuda_capabilities() -> tuple[bool, bool]:
@@ -55,3 +58,40 @@ def use_tensor_cores() -> None:
     """float32 matmuls in TF32 on CUDA ('high'): much faster, precise enough to train."""
     if torch.cuda.is_available():
         torch.set_float32_matmul_precision("high")
+
+
+class CompileNetwork(Callback):
+    """`--compile.enabled true`: torch.compile the network, in place, before training.
+
+    The network (the module's `network_attribute`, or its only child with
+    weights), not the LightningModule: compiling the whole module would trace
+    Lightning's hooks and logging too, which Lightning's docs advise against.
+    `nn.Module.compile` keeps the module and its parameter names, so checkpoints
+    and exports hold no `_orig_mod.` and load into an uncompiled network; under
+    DDP the network is compiled before Lightning wraps it. The first steps are
+    slow while the kernels are built (`--compile.mode` trades that time for
+    speed: default, reduce-overhead, max-autotune).
+    """
+
+    def __init__(
+        self,
+        enabled: bool = False,
+        mode: Literal[
+            "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"
+        ] = "default",
+    ) -> None:
+        self.enabled = enabled
+        self.mode = mode
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if not self.enabled:
+            return
+        from {{ cookiecutter.package_name }}.kit.export import network_of
+
+        attribute, network = network_of(pl_module)
+        if not attribute:
+            raise ValueError(
+                f"compile.enabled: {type(pl_module).__name__} has several submodules with"
+                " weights; name the one to compile with a `network_attribute` class attribute"
+            )
+        network.compile(mode=self.mode)

@@ -14,13 +14,44 @@ from time import perf_counter
 from typing import Any
 
 import torch
+from lightning.fabric.utilities.throughput import get_available_flops
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from {{ cookiecutter.package_name }}.kit.callbacks import loader_facts
 
 MIB = 1024**2
+
+
+def compute_dtype(precision: str) -> torch.dtype:
+    """The dtype the matrix multiplications of a Lightning precision run in."""
+    precision = str(precision)
+    if precision.startswith("bf16"):
+        return torch.bfloat16
+    if precision.startswith("16"):
+        return torch.float16
+    return torch.float64 if precision.startswith("64") else torch.float32
+
+
+def peak_flops(device: torch.device, precision: str) -> float | None:
+    """The device's peak FLOP/s for the precision in use; None where unknown (CPUs)."""
+    if device.type != "cuda":
+        return None
+    return get_available_flops(device, compute_dtype(precision))
+
+
+def is_compiled(module: nn.Module) -> bool:
+    return any(getattr(m, "_compiled_call_impl", None) is not None for m in module.modules())
+
+
+def short_number(value: float) -> str:
+    """12.3 G, 4.56 T: FLOPs the way people read them."""
+    for unit, size in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= size:
+            return f"{value / size:.3g} {unit}"
+    return f"{value:.3g} "
 
 
 def batch_length(batch: Any) -> int:
@@ -79,6 +110,8 @@ class TrainingHealth(Callback):
         self.wait = self.compute = 0.0
         self.samples = self.steps = 0
         self._ready = self._start = None
+        self.flops_per_batch: int | None = None
+        self._counter: FlopCounterMode | None = None
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._reset()
@@ -102,12 +135,26 @@ class TrainingHealth(Callback):
         self._ready = self.clock()
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.steps == 0 and self.flops_per_batch is None and not is_compiled(pl_module):
+            # Count the first step's FLOPs as it runs: no extra forward, nothing to copy.
+            self._counter = FlopCounterMode(display=False)
+            self._counter.__enter__()
         self._start = self.clock()
         if self._ready is not None:
             self.wait += self._start - self._ready
 
+    def _stop_counting(self) -> None:
+        if self._counter is not None:
+            self._counter.__exit__(None, None, None)
+            self.flops_per_batch = self._counter.get_total_flops() or None
+            self._counter = None
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        self._stop_counting()
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self._ready = self.clock()
+        self._stop_counting()
         if self._start is not None:
             self.compute += self._ready - self._start
         self.samples += batch_length(batch)
@@ -127,10 +174,19 @@ class TrainingHealth(Callback):
             peak = torch.tensor(float(torch.cuda.max_memory_allocated(device)), device=device)
             gathered = pl_module.all_gather(peak).reshape(-1)
             peaks = [round(float(p) / MIB, 1) for p in gathered]
+        flops_per_s = mfu = None
+        if self.flops_per_batch and self.compute:
+            # Per device: the FLOPs of its own batches over the time its steps took.
+            flops_per_s = self.flops_per_batch * self.steps / self.compute
+            peak = peak_flops(device, trainer.precision)
+            mfu = round(flops_per_s / peak, 4) if peak else None
         return {
             "steps": self.steps,
             "samples_per_s": round(self.samples * trainer.world_size / busy, 1) if busy else None,
             "data_wait_share": round(self.wait / busy, 3) if busy else None,
+            "flops_per_batch": self.flops_per_batch,
+            "flops_per_s": flops_per_s,
+            "mfu": mfu,
             "peak_memory_mib": peaks,
             "effective_batch_size": loader_facts(trainer)["effective_batch_size"],
         }
@@ -142,6 +198,13 @@ class TrainingHealth(Callback):
             f"{facts['samples_per_s']} samples/s",
             f"data wait {100 * facts['data_wait_share']:.0f}% of step time",
         ]
+        if facts["flops_per_batch"]:
+            parts.append(
+                f"{short_number(facts['flops_per_batch'])}FLOP per batch, "
+                f"{short_number(facts['flops_per_s'])}FLOP/s per device"
+            )
+        if facts["mfu"] is not None:
+            parts.append(f"MFU {100 * facts['mfu']:.1f}%")
         if facts["peak_memory_mib"]:
             peaks = ", ".join(f"{p} MiB" for p in facts["peak_memory_mib"])
             parts.append(f"peak memory per device: {peaks}")

@@ -1,0 +1,95 @@
+"""The GPU check's benchmark: the default project on CUDA, in fp32 and the resolved
+precision, eager and compiled, against the plain PyTorch loop in fp32.
+
+    python benchmarks/gpu.py [--epochs 5] [--channels 128] [--batch-size 512] [--output FILE]
+
+One row per run: seconds, samples/s, the share of step time spent waiting for
+data, MFU (model FLOPs utilisation against the device's peak for the precision
+in use) and peak memory. Printed as a table and written as JSON. Needs CUDA.
+"""
+
+import argparse
+import importlib
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from cookiecutter.main import cookiecutter
+
+sys.path.insert(0, str(Path(__file__).parent))
+import bench  # noqa: E402  (the CPU benchmark's runs, reused)
+
+TEMPLATE = Path(__file__).resolve().parents[1]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--channels", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=512)
+    parser.add_argument("--output", type=Path, default=Path("gpu_check.json"))
+    args = parser.parse_args()
+    import torch
+
+    if not torch.cuda.is_available():
+        print("gpu.py: no CUDA device (torch.cuda.is_available() is False)", file=sys.stderr)
+        return 1
+    work = Path(tempfile.mkdtemp(prefix="gpu-check-"))
+    project = Path(cookiecutter(str(TEMPLATE), no_input=True, output_dir=str(work)))
+    sys.path.insert(0, str(project / "src"))
+    modules = {"cli": "kit.cli", "data": "data", "model": "model"}
+    package = project.name.replace("-", "_")
+    pkg = argparse.Namespace(
+        **{name: importlib.import_module(f"{package}.{path}") for name, path in modules.items()}
+    )
+    import os
+
+    os.chdir(project)
+    work_args = (pkg, args.epochs, args.batch_size, args.channels)
+    rows = {}
+    seconds, result = bench.timed(bench.plain_loop, *work_args)
+    samples = result["steps"] * args.batch_size
+    rows["plain loop, fp32"] = {"seconds": seconds, "samples_per_s": samples / seconds}
+    runs = {
+        "project, fp32": ["--trainer.precision=32-true"],
+        "project, resolved precision": [],
+        "project, fp32, compiled": ["--trainer.precision=32-true", "--compile.enabled=true"],
+        "project, resolved precision, compiled": ["--compile.enabled=true"],
+    }
+    for name, flags in runs.items():
+        seconds, result = bench.timed(bench.project_fit, *work_args, *flags)
+        rows[f"{name} ({result['precision']})" if "resolved" in name else name] = {
+            "seconds": seconds,
+            **{key: result.get(key) for key in ("samples_per_s", "data_wait_share", "mfu")},
+            "peak_memory_mib": (result.get("peak_memory_mib") or [None])[0],
+        }
+    report = {
+        "device": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "work": {"epochs": args.epochs, "channels": args.channels, "batch_size": args.batch_size},
+        "rows": rows,
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    columns = ("seconds", "samples/s", "data wait", "MFU", "peak MiB")
+    header = f"{'run':48} " + " ".join(f"{c:>{max(len(c), 7)}}" for c in columns)
+    print(f"{report['device']} | torch {report['torch']} | {report['work']}")
+    print(header)
+    for name, row in rows.items():
+        wait, mfu, peak = row.get("data_wait_share"), row.get("mfu"), row.get("peak_memory_mib")
+        cells = (
+            f"{row['seconds']:.2f}",
+            f"{row['samples_per_s']:.0f}",
+            "" if wait is None else f"{100 * wait:.1f}%",
+            "" if mfu is None else f"{100 * mfu:.2f}%",
+            "" if peak is None else str(peak),
+        )
+        widths = [max(len(c), 7) for c in columns]
+        print(f"{name:48} " + " ".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=True)))
+    print(f"Wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
