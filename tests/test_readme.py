@@ -84,6 +84,8 @@ RENDERED_RULES = [
         r"MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri mlruns",
         "server http://127.0.0.1:5000",
     ),
+    (r"wandb login", "skip needs a Weights & Biases account"),
+    (r"wandb sync logs/wandb/offline-run-\*", "skip needs a W&B account and the network"),
     (r'pytest( -m "not slow")?', "covered tests/test_rendered_project.py runs the suite"),
     (r"ruff check \. && ruff format --check \.", "run"),
     (r"git init && pre-commit install", "run"),
@@ -213,7 +215,8 @@ def test_commands_are_read_from_every_bash_block():
 
 
 def test_every_rendered_and_template_command_has_exactly_one_rule(tmp_path):
-    for answers in ({}, {"logger": "mlflow"}, {"logger": "csv", "cluster": False, "ci": False}):
+    renders = ({}, {"logger": "mlflow"}, {"logger": "wandb"}, {"logger": "csv", "cluster": False})
+    for answers in renders:
         readme = (render(tmp_path / str(len(answers)), **answers) / "README.md").read_text()
         for command in commands_of(readme):
             how(command, RENDERED_RULES)

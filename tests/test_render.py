@@ -19,7 +19,7 @@ from conftest import python, render, run
 # from the defaults.
 OPTIONS = {
     "example": ["digits", "minimal"],
-    "logger": ["tensorboard", "csv", "mlflow"],
+    "logger": ["tensorboard", "csv", "mlflow", "wandb"],
     "license": ["MIT", "Apache-2.0", "BSD-3-Clause", "none"],
     "cluster": [True, False],
     "ci": [True, False],
@@ -190,8 +190,18 @@ def test_pyproject_round_trips_every_answer(rendered):
         assert (project / "LICENSE").read_text().count("\n") > 15
 
 
-LOGGER_PACKAGE = {"tensorboard": "tensorboard", "csv": None, "mlflow": "mlflow-skinny"}
-LOGGER_CLASS = {"tensorboard": "TensorBoardLogger", "csv": "CSVLogger", "mlflow": "MLFlowLogger"}
+LOGGER_PACKAGE = {
+    "tensorboard": "tensorboard",
+    "csv": None,
+    "mlflow": "mlflow-skinny",
+    "wandb": "wandb",
+}
+LOGGER_CLASS = {
+    "tensorboard": "TensorBoardLogger",
+    "csv": "CSVLogger",
+    "mlflow": "MLFlowLogger",
+    "wandb": "WandbLogger",
+}
 
 
 def test_only_the_chosen_logger_is_configured_and_installed(rendered):
@@ -217,6 +227,7 @@ def test_readme_mentions_only_what_was_chosen(rendered):
     assert ("TensorBoard" in readme) == (chosen["logger"] == "tensorboard")
     assert ("metrics.csv" in readme) == (chosen["logger"] == "csv")
     assert ("MLflow" in readme) == (chosen["logger"] == "mlflow")
+    assert ("Weights & Biases" in readme) == (chosen["logger"] == "wandb")
     for word in ("## Scaling out", "scripts/torchrun.sh", "slurm.sbatch", "pytorchjob.yaml"):
         assert (word in readme) == chosen["cluster"], word
     assert ("ci.yml" in readme) == chosen["ci"]

@@ -93,6 +93,8 @@ def cli_env(env: dict | None = None) -> dict:
     env = {**os.environ, **(env or {})}
 {%- if cookiecutter.logger == "mlflow" %}
     env.pop("MLFLOW_TRACKING_URI", None)  # the test's own ./mlruns, not a server or another test's
+{%- elif cookiecutter.logger == "wandb" %}
+    env.pop("WANDB_SERVICE", None)  # its own W&B service, as a command of its own would have
 {%- endif %}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SRC), str(TESTS), env.get("PYTHONPATH")]))
     return env
@@ -213,7 +215,7 @@ def wait_for(path: Path, process, timeout: float = SUBPROCESS_TIMEOUT) -> None:
         time.sleep(0.05)
 
 
-{%- if cookiecutter.logger != "mlflow" %}
+{%- if cookiecutter.logger in ("tensorboard", "csv") %}
 
 
 def run_dirs(root: Path) -> list[Path]:
@@ -249,7 +251,7 @@ def logged_scalars(run: Path) -> dict[str, list[float]]:
                 if name not in ("epoch", "step") and value != "":
                     logged.setdefault(name, []).append(float(value))
     return logged
-{%- else %}
+{%- elif cookiecutter.logger == "mlflow" %}
 
 
 def run_dirs(root: Path) -> list[Path]:
@@ -268,6 +270,51 @@ def logged_scalars(run: Path) -> dict[str, list[float]]:
         for file in sorted(metrics.rglob("*"))
         if file.is_file()
     }
+{%- else %}
+
+
+def run_dirs(root: Path) -> list[Path]:
+    """The run directories under `root` (logs/<project>/<run id>), oldest first."""
+    runs = [run for run in (root / "logs" / "{{ cookiecutter.project_slug }}").glob("*")]
+    return sorted(runs, key=lambda run: run.stat().st_mtime)
+
+
+def wandb_records(path: Path):
+    """The protobuf records of a W&B run file (LevelDB's log format, after a 7-byte header)."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    data, position, pending, block = path.read_bytes(), 7, b"", 32768
+    while position + 7 <= len(data):
+        if block - position % block < 7:  # a block's tail too short for a header is padding
+            position += block - position % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[position : position + 7])
+        chunk = data[position + 7 : position + 7 + length]
+        position += 7 + length
+        pending = chunk if kind in (1, 2) else pending + chunk
+        if kind in (1, 4):  # a whole record, or the last piece of one
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            yield record
+
+
+def logged_scalars(run: Path) -> dict[str, list[float]]:
+    """Every metric the run logged, by name, in logging order (W&B's offline run files)."""
+    import json
+
+    logged: dict[str, list[float]] = {}
+    files = sorted((run.parent.parent / "wandb").glob(f"offline-run-*-{run.name}/run-*.wandb"))
+    for path in files:
+        for record in wandb_records(path):
+            if record.WhichOneof("record_type") != "history":
+                continue
+            for item in record.history.item:
+                name = item.key or "/".join(item.nested_key)
+                if not name.startswith("_") and name not in ("epoch", "trainer/global_step"):
+                    logged.setdefault(name, []).append(float(json.loads(item.value_json)))
+    return logged
 {%- endif %}
 
 

@@ -148,9 +148,10 @@ def run_command(args: list[str], cwd: str, env: dict, output: str) -> None:
     import sys
 
     os.chdir(cwd)
+    os.environ.clear()  # the environment the command was given, as a new process would have
     os.environ.update(env)
     package = os.environ["INSTRUMENTS_PACKAGE"]
-    sys.argv = [package, *args]  # as the command line would have it
+    sys.argv = [package]  # the arguments go to main(), as the command line's would
     for fd, name in ((1, "stdout.txt"), (2, "stderr.txt")):
         with open(Path(output) / name, "a") as file:
             os.dup2(file.fileno(), fd)

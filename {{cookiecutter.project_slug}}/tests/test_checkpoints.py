@@ -5,6 +5,7 @@ Kit test: it runs whatever model and data `project.py` names.
 """
 
 import os
+import re
 import shutil
 import subprocess
 import uuid
@@ -122,10 +123,10 @@ def test_resume_skips_a_damaged_newest_checkpoint_and_says_why(trained_checkpoin
     damage(last)
     os.utime(best, (1, 1))  # older than the damaged last.ckpt
     resumed = run_forked("fit", "--ckpt_path=last", "--trainer.max_epochs=3", cwd=workdir)
-    name, best_name = last.relative_to(workdir), best.relative_to(workdir)
-    assert f"Skipping {name}: checkpoint '{name}'" in resumed.stderr
+    inside = f"{run.name}/checkpoints/"
+    assert re.search(rf"Skipping \S*{inside}last.ckpt: checkpoint '\S*{inside}last.ckpt'", resumed.stderr)
     assert "is truncated or not a PyTorch checkpoint" in resumed.stderr
-    assert f"Resuming from {best_name}" in resumed.stderr
+    assert re.search(rf"Resuming from \S*{inside}{best.name}", resumed.stderr)
     assert load_checkpoint(last)["epoch"] == 2 and run_dirs(workdir) == [run]
 
 

@@ -56,8 +56,8 @@ def resume_and_check(workdir, checkpoint, *flags: str) -> dict:
         cwd=workdir,
         env=instruments_env(workdir, "resumed"),
     )
-    name = checkpoint.relative_to(workdir)
-    assert f"Resuming from {name} (the newest intact of" in resumed.stderr
+    name = checkpoint.relative_to(checkpoint.parents[2])  # <run>/checkpoints/<file>
+    assert f"{name} (the newest intact of" in resumed.stderr
     (start,) = read_records(workdir / "resumed", "train_start")
     assert start["global_step"] == saved["global_step"] > 0
     assert start["parameters"] == pytest.approx(parameter_fingerprint(saved["state_dict"]))

@@ -50,6 +50,7 @@ from {{ cookiecutter.package_name }}.kit.hints import RUN_CONTEXT, explain
 from {{ cookiecutter.package_name }}.kit.predict import PredictionWriter
 from {{ cookiecutter.package_name }}.kit.runs import (
     DiscardFailedStart,
+    FinishRun,
     claim_new_run,
     continue_run,
     discard_run,
@@ -75,11 +76,18 @@ TRAINER_DEFAULTS = {
         "class_path": "{{ cookiecutter.package_name }}.kit.runs.CSVLogger",
         "init_args": {"save_dir": ".", "name": "logs"},
     },
-{%- else %}
+{%- elif cookiecutter.logger == "mlflow" %}
     # A local MLflow file store under mlruns/: no server, works offline.
     "logger": {
         "class_path": "lightning.pytorch.loggers.MLFlowLogger",
         "init_args": {"experiment_name": "{{ cookiecutter.project_slug }}", "save_dir": "mlruns"},
+    },
+{%- else %}
+    # Weights & Biases: each run's config and checkpoints in logs/<project>/<run id>/,
+    # its record in logs/wandb/ (`wandb sync` uploads it).
+    "logger": {
+        "class_path": "lightning.pytorch.loggers.WandbLogger",
+        "init_args": {"project": "{{ cookiecutter.project_slug }}", "save_dir": "logs"},
     },
 {%- endif %}
 }
@@ -88,6 +96,11 @@ TRAINER_DEFAULTS = {
 # a local folder needs no database or server. For a database, pass
 # --trainer.logger.init_args.tracking_uri sqlite:///mlflow.db (needs sqlalchemy).
 os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+{%- elif cookiecutter.logger == "wandb" %}
+# Offline unless told otherwise: training needs no account and no network, and
+# `wandb sync logs/wandb/offline-run-*` uploads the runs later. WANDB_MODE=online
+# (after `wandb login`) sends them as they run.
+os.environ.setdefault("WANDB_MODE", "offline")
 {%- endif %}
 
 
@@ -225,6 +238,7 @@ class ProjectCLI(LightningCLI):
         parser.add_lightning_class_args(InterruptCheckpoint, "interrupt_checkpoint")
         parser.add_lightning_class_args(ResumeCheck, "resume_check")
         parser.add_lightning_class_args(DiscardFailedStart, "discard_failed_start")
+        parser.add_lightning_class_args(FinishRun, "finish_run")
         parser.add_lightning_class_args(PredictionWriter, "predictions")
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
@@ -240,6 +254,12 @@ class ProjectCLI(LightningCLI):
             # MLflow caches its store by URI: a relative one would follow the
             # working directory of the first run made in this process.
             init["save_dir"] = os.path.abspath(init.get("save_dir") or "mlruns")
+{%- elif cookiecutter.logger == "wandb" %}
+        init = getattr(logger, "init_args", None)
+        if init is not None and "project" in init:
+            # W&B's service process resolves a relative folder against its own
+            # working directory, which is the first run's of this process.
+            init["save_dir"] = os.path.abspath(init.get("save_dir") or ".")
 {%- endif %}
         # Before Lightning reads the checkpoint's hyperparameters:
         # `--ckpt_path last` becomes the newest checkpoint of the newest run

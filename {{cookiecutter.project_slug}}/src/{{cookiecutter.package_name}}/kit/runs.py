@@ -3,7 +3,9 @@ that never took a step.
 
 A run writes its config, metrics and checkpoints into one directory: under
 TensorBoard or CSV `<save_dir>/<name>/version_N`, under MLflow
-`<save_dir>/<experiment id>/<run id>`. `fit --ckpt_path last` and `validate` or
+`<save_dir>/<experiment id>/<run id>`, under Weights & Biases
+`<save_dir>/<project>/<run id>` (W&B keeps its own record of the run in
+`<save_dir>/wandb/`). `fit --ckpt_path last` and `validate` or
 `test` with a checkpoint of a run log into that run's directory, so its
 evaluation sits beside its training curves.
 """
@@ -28,6 +30,10 @@ def _init_args(logger: Any) -> Any | None:
     return logger.get("init_args")
 
 
+def _is_wandb(init: Any) -> bool:
+    return "project" in init and "log_model" in init and "run_id" not in init
+
+
 def run_candidates(logger: Any) -> list[Path]:
     """The run directories the configured logger may continue (all of them unless it names one)."""
     init = _init_args(logger)
@@ -37,6 +43,11 @@ def run_candidates(logger: Any) -> list[Path]:
         save_dir = Path(init.get("save_dir") or "mlruns")
         runs = save_dir.glob(f"*/{init.get('run_id') or '*'}")
         return [run for run in runs if (run / "meta.yaml").is_file()]
+    if _is_wandb(init):  # <save_dir>/<project>/<run id>
+        experiment = Path(init.get("save_dir") or ".") / str(init.get("project") or "")
+        named = init.get("id") or init.get("version")
+        runs = [experiment / named] if named else experiment.glob("*")
+        return [run for run in runs if run.is_dir()]
     experiment = Path(init.get("save_dir") or ".") / str(init.get("name") or "")
     version = init.get("version")
     if version is None:
@@ -56,6 +67,10 @@ def continue_run(logger: Any, run: Path) -> bool:
             return False
         init["save_dir"] = str(run.parent.parent)
         init["run_id"] = run.name
+        return True
+    if _is_wandb(init):
+        init["save_dir"], init["project"] = str(run.parent.parent), run.parent.name
+        init["id"], init["version"] = None, run.name  # the run id: W&B continues the same run
         return True
     init["save_dir"] = str(run.parent.parent)
     init["name"] = run.parent.name
@@ -106,6 +121,8 @@ def claim_new_run(logger: Any) -> Path | None:
     init = _init_args(logger)
     if init is None or "version" not in init or init.get("version") is not None:
         return None
+    if _is_wandb(init):  # W&B draws a random run id: no two runs share it
+        return None
     experiment = Path(init.get("save_dir") or ".") / str(init.get("name") or "")
     experiment.mkdir(parents=True, exist_ok=True)
     numbers = [p.name.removeprefix("version_") for p in experiment.glob("version_*")]
@@ -154,6 +171,18 @@ class DiscardFailedStart(Callback):
             return
         discard_run(self._run)
         rank_zero_info(f"Removed {self._run}: the run failed before it had results")
+
+
+class FinishRun(Callback):
+    """Ends the logger's run when the command ends (Lightning leaves a W&B run open,
+    so another command in the same process could not continue it)."""
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        logger = trainer.logger
+        finish = getattr(getattr(logger, "_experiment", None), "finish", None)
+        if trainer.is_global_zero and callable(finish):
+            finish()
+            logger._experiment = None
 
 
 class _ContinuingWriter(ExperimentWriter):
