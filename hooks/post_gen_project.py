@@ -18,7 +18,14 @@ OPTIONS = {
 }
 # What each option adds; removed when the option is off.
 FILES = {
-    "cluster": ["scripts/torchrun.sh", "scripts/slurm.sbatch", "k8s", "tests/test_cluster.py"],
+    "cluster": [
+        "scripts/torchrun.sh",
+        "scripts/slurm.sbatch",
+        "k8s",
+        "Dockerfile",
+        ".dockerignore",
+        "tests/test_cluster.py",
+    ],
     "ci": [".github"],
     "license": ["LICENSE"],
 }
@@ -54,6 +61,11 @@ Rendered {SLUG}/ ({EXAMPLE} example). Next:
     pip install -e ".[dev]"
     {SLUG} fit
     pytest
+
+or with uv, the torch build named as an extra (cpu, cu126 or cu130):
+
+    uv sync --extra cpu --extra dev
+    uv run --extra cpu {SLUG} fit
 """
 
 

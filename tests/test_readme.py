@@ -75,7 +75,28 @@ RENDERED_RULES = [
     (r"\S+ fit --model\.optimizer SGD --model\.optimizer\.lr 0\.05", "run"),
     (r"\S+ fit --config configs/accumulate\.yaml --config configs/profile\.yaml", "run"),
     (r"\S+ (validate|test|predict) +--ckpt_path \$CKPT", "run"),
-    (r"\S+ export +--ckpt_path \$CKPT --output model\.pt", "run"),
+    (r"\S+ export +--ckpt_path \$CKPT --output model\.(pt|pt2|onnx)", "run"),
+    # PyTorch's indexes are out of reach here: test_uv.py resolves the extras offline,
+    # and `uv run` runs the command in the environment pip made above.
+    (
+        r"uv sync --extra cu130 --extra dev",
+        "covered tests/test_uv.py (each extra resolved offline, on stand-in indexes)",
+    ),
+    (
+        r"uv run --extra cu130 \S+ fit",
+        'replace uv run --no-sync "$(basename "$PWD")" fit --trainer.fast_dev_run=true',
+    ),
+    # No Docker daemon, registry, Apptainer or SLURM here.
+    (
+        r"docker build -t registry\.example\.com/\S+ \.",
+        "skip no Docker daemon here; tests/test_cluster.py lints the Dockerfile with hadolint",
+    ),
+    (r"docker (run|push) .*registry\.example\.com/\S+.*", "skip no Docker daemon or GPU here"),
+    (r"apptainer build \S+\.sif docker://\S+", "skip no Apptainer here"),
+    (
+        r"SIF=\S+\.sif sbatch scripts/slurm\.sbatch",
+        "covered tests/test_cluster.py (the script under a recording srun, with SIF)",
+    ),
     (r"\S+ doctor( --json)?", "run"),
     (r"\S+ doctor --require-gpu", "run" if GPU else "expect 1"),
     (r"tensorboard --logdir logs", "server http://localhost:6006"),
@@ -160,6 +181,7 @@ def test_every_command_of_the_rendered_readme(tmp_path):
     out = run_script(script_for(commands_of(readme), RENDERED_RULES, CKPT), cwd=project)
     assert "usage: my-lightning-project <command>" in out and "  export " in out
     assert (project / "predictions.csv").is_file() and (project / "model.pt").is_file()
+    assert (project / "model.pt2").is_file() and (project / "model.onnx").is_file()
     assert (project / ".git" / "hooks" / "pre-commit").is_file()
 
 

@@ -4,6 +4,7 @@ import ast
 import os
 import py_compile
 import re
+import sys
 import tomllib
 from itertools import product
 from pathlib import Path
@@ -102,10 +103,12 @@ def expected_files(package: str, answers: dict) -> set[str]:
             "scripts/torchrun.sh",
             "scripts/slurm.sbatch",
             "k8s/pytorchjob.yaml",
+            "Dockerfile",
+            ".dockerignore",
             "tests/test_cluster.py",
         }
     if answers["ci"]:
-        files.add(".github/workflows/ci.yml")
+        files |= {".github/workflows/ci.yml", ".github/workflows/template-update.yml"}
     if answers["license"] != "none":
         files.add("LICENSE")
     return files
@@ -143,7 +146,7 @@ def test_exact_file_set(rendered):
 def test_nothing_of_the_template_survives(rendered):
     _, project = rendered
     leftovers = re.compile(r"\{\{|\}\}|\{%|%\}|cookiecutter\.", re.IGNORECASE)
-    github_expression = re.compile(r"\$\{\{ [\w.]+ \}\}")  # meant for GitHub Actions
+    github_expression = re.compile(r"\$\{\{ [^{}]+ \}\}")  # meant for GitHub Actions
     for relative in sorted(files_of(project)):
         assert not leftovers.search(relative), relative
         text = (project / relative).read_text(encoding="utf-8")
@@ -228,7 +231,14 @@ def test_readme_mentions_only_what_was_chosen(rendered):
     assert ("metrics.csv" in readme) == (chosen["logger"] == "csv")
     assert ("MLflow" in readme) == (chosen["logger"] == "mlflow")
     assert ("Weights & Biases" in readme) == (chosen["logger"] == "wandb")
-    for word in ("## Scaling out", "scripts/torchrun.sh", "slurm.sbatch", "pytorchjob.yaml"):
+    for word in (
+        "## Scaling out",
+        "scripts/torchrun.sh",
+        "slurm.sbatch",
+        "pytorchjob.yaml",
+        "Dockerfile",
+        "apptainer",
+    ):
         assert (word in readme) == chosen["cluster"], word
     assert ("ci.yml" in readme) == chosen["ci"]
     if chosen["license"] == "none":
@@ -241,11 +251,14 @@ def test_launch_scripts_are_executable_and_valid(rendered):
     answers, project = rendered
     if not {**DEFAULTS, **answers}["cluster"]:
         assert not (project / "scripts").exists() and not (project / "k8s").exists()
+        assert not (project / "Dockerfile").exists()
         return
     for script in ("scripts/torchrun.sh", "scripts/slurm.sbatch"):
         assert os.access(project / script, os.X_OK), script
         run(["bash", "-n", script], cwd=project)
     assert yaml.safe_load((project / "k8s" / "pytorchjob.yaml").read_text())["kind"] == "PyTorchJob"
+    hadolint = Path(sys.executable).parent / "hadolint"
+    run([str(hadolint), "--failure-threshold", "info", "Dockerfile"], cwd=project)
 
 
 def test_rendered_workflow_is_valid_yaml_with_the_checks(rendered):
@@ -267,6 +280,43 @@ def test_rendered_workflow_is_valid_yaml_with_the_checks(rendered):
     assert {"ruff check .", "ruff format --check .", "python -m pytest"} <= set(runs)
     # GitHub's own expressions arrive as written, not as template syntax.
     assert "${{ matrix.python }}" in text and "${{ vars.TORCH_INDEX_URL }}" in text
+
+
+def test_template_update_workflow_checks_updates_and_opens_pull_requests(rendered):
+    answers, project = rendered
+    chosen = {**DEFAULTS, **answers}
+    path = project / ".github" / "workflows" / "template-update.yml"
+    if not chosen["ci"]:
+        assert not path.exists()
+        return
+    text = path.read_text()
+    workflow = yaml.safe_load(text)
+    triggers = workflow[True]  # YAML 1.1 reads `on:` as True
+    assert set(triggers) == {"schedule", "workflow_dispatch"}
+    assert len(triggers["schedule"][0]["cron"].split()) == 5
+    assert workflow["permissions"] == {"contents": "write", "pull-requests": "write"}
+    (job,) = workflow["jobs"].values()
+    steps = {step.get("id") or step.get("name") or step["uses"]: step for step in job["steps"]}
+    order = list(steps)
+    checkout = job["steps"][0]
+    assert checkout["uses"].startswith("actions/checkout@") and checkout["with"]["fetch-depth"] == 0
+    # Nothing happens unless the project was made with cruft.
+    assert "[ -f .cruft.json ]" in steps["linked"]["run"] and "cruft link" in steps["linked"]["run"]
+    linked = "steps.linked.outputs.linked == 'true'"
+    assert steps["check"]["if"] == linked and "cruft check" in steps["check"]["run"]
+    assert steps["Install cruft"]["if"] == linked
+    # Only when the template moved: update, then a pull request with the change.
+    moved = "steps.check.outputs.moved == 'true'"
+    update, pull_request = steps["cruft update"], steps["Open a pull request"]
+    assert update["if"] == pull_request["if"] == moved
+    assert update["run"].startswith("cruft update --skip-apply-ask")
+    assert pull_request["uses"].startswith("peter-evans/create-pull-request@")
+    assert pull_request["with"]["branch"] == "template-update"
+    assert order.index("linked") < order.index("check") < order.index("cruft update")
+    assert order.index("cruft update") < order.index("Open a pull request")
+    assert "${{ secrets.TEMPLATE_UPDATE_TOKEN || github.token }}" in text
+    python_step = next(step for step in job["steps"] if "setup-python" in step.get("uses", ""))
+    assert python_step["with"]["python-version"] == chosen["python_version"]
 
 
 def test_python_files_compile_and_name_is_kept(rendered):

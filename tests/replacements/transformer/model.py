@@ -15,6 +15,11 @@ class CountingTransformer(LightningTransformer):
     def prepare_data(self) -> None:
         """The demo downloads WikiText2 here; the DataModule brings the data instead."""
 
+    def network_inputs(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The demo network takes the target too (teacher forcing), for `export`."""
+        inputs, target = batch
+        return inputs, target
+
     def validation_step(self, batch, batch_idx: int) -> None:
         inputs, target = batch
         loss = torch.nn.functional.nll_loss(self(inputs, target), target.view(-1))

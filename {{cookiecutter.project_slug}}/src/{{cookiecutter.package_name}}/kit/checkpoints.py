@@ -21,7 +21,7 @@ import re
 import shutil
 import tempfile
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -75,8 +75,8 @@ def _fsync_directory(directory: Path) -> None:
         os.close(handle)
 
 
-def atomic_save(obj: Any, path: str | Path) -> Path:
-    """`torch.save(obj)` to `path`, whole or not at all.
+def atomic_save(obj: Any, path: str | Path, save: Callable[[Any, Any], Any] = torch.save) -> Path:
+    """`save(obj, file)` (by default torch.save) to `path`, whole or not at all.
 
     The bytes go to a temporary file beside `path` (so the rename is atomic
     whatever `$TMPDIR` is), are flushed and fsync'd, then the file is renamed
@@ -93,7 +93,7 @@ def atomic_save(obj: Any, path: str | Path) -> Path:
         raise CheckpointSaveError(_save_failure(path, error)) from error
     try:
         with os.fdopen(handle, "wb") as file:
-            torch.save(obj, file)
+            save(obj, file)
             file.flush()
             os.fsync(file.fileno())
         os.replace(temporary, path)

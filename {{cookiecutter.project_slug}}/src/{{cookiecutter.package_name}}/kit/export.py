@@ -1,14 +1,33 @@
-"""`{{ cookiecutter.project_slug }} export`: the trained network of a checkpoint, as a plain file.
+"""`{{ cookiecutter.project_slug }} export`: the trained network of a checkpoint, as a file.
 
-    {{ cookiecutter.project_slug }} export --ckpt_path logs/version_0/checkpoints/last.ckpt --output model.pt
+    {{ cookiecutter.project_slug }} export --ckpt_path CKPT --output model.pt     # state_dict
+    {{ cookiecutter.project_slug }} export --ckpt_path CKPT --output model.pt2    # torch.export
+    {{ cookiecutter.project_slug }} export --ckpt_path CKPT --output model.onnx   # ONNX
 
-writes what `torch.load(..., weights_only=True)` reads: the network's own
-`state_dict` (no `_orig_mod.` of torch.compile, no prefix of the LightningModule),
-with what rebuilds it: the LightningModule's class and hyperparameters, and
-which of its submodules is the network. Load it back with
+The suffix of `--output` picks the format (`--format` overrides it):
 
-    from {{ cookiecutter.package_name }}.kit.export import load_network
-    network = load_network("model.pt")   # an nn.Module in eval mode
+- `state_dict` (`.pt` or anything else): what `torch.load(..., weights_only=True)`
+  reads: the network's own `state_dict` (no `_orig_mod.` of torch.compile, no
+  prefix of the LightningModule), with what rebuilds it: the LightningModule's
+  class and hyperparameters, and which of its submodules is the network. Load
+  it back with
+
+      from {{ cookiecutter.package_name }}.kit.export import load_network
+      network = load_network("model.pt")   # an nn.Module in eval mode
+
+- `pt2`: a `torch.export` ExportedProgram, graph and weights: it needs torch
+  only, not this project (`torch.export.load("model.pt2").module()(x)`).
+- `onnx`: an ONNX model for ONNX Runtime and other engines (`pip install
+  "{{ cookiecutter.project_slug }}[onnx]"` for the exporter and the runtime that checks it).
+
+The two deployable formats are traced on a batch of the project's own
+DataModule (built with the data hyperparameters the checkpoint recorded), with
+the batch dimension (the first of every input) dynamic. The network's inputs
+are the batch itself when it is a tensor, else its first element; a
+LightningModule whose network takes something else (several tensors, a dict
+batch) says so with a `network_inputs(self, batch) -> tuple` method. Before a
+file is written, it is read back and its outputs are compared with the
+checkpoint network's on that batch and on one of another size.
 
 Which submodule is the network: the one the LightningModule names in a
 `network_attribute` class attribute ("net", "model.encoder"); else its only
@@ -16,14 +35,21 @@ child module with weights; else the whole LightningModule.
 """
 
 import argparse
+import contextlib
 import importlib
 import inspect
+import io
+import logging
 import sys
+import warnings
+from collections.abc import Callable, Sequence
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_flatten
 
 from {{ cookiecutter.package_name }}.kit.checkpoints import (
     CheckpointError,
@@ -34,8 +60,17 @@ from {{ cookiecutter.package_name }}.kit.checkpoints import (
 )
 
 PACKAGE = "{{ cookiecutter.package_name }}"
+COMMAND = "{{ cookiecutter.project_slug }}"
 COMPILED = "_orig_mod."  # what torch.compile's wrapper adds to every key
 CLI_INSTANTIATOR = "lightning.pytorch.cli.instantiate_module"
+FORMATS = ("state_dict", "pt2", "onnx")
+SUFFIXES = {".pt2": "pt2", ".onnx": "onnx"}  # any other suffix: state_dict
+# How far an export's outputs may be from the checkpoint network's (torch.allclose).
+RTOL, ATOL = 1e-4, 1e-5
+# The splits an example batch is taken from, in order of preference, with the
+# stage their DataModule is set up for.
+EXAMPLE_SPLITS = (("predict", "predict"), ("test", "test"), ("val", "validate"), ("train", "fit"))
+DATAMODULE_HPARAMS = "datamodule_hyper_parameters"
 
 
 class ExportError(CheckpointError):
@@ -117,11 +152,18 @@ def network_of(module: nn.Module) -> tuple[str, nn.Module]:
     return "", module
 
 
-def load_checkpoint_module(ckpt_path: str | Path) -> tuple[nn.Module, dict[str, Any]]:
-    """The LightningModule of a checkpoint with its weights, and its hyperparameters."""
+def read_checkpoint(ckpt_path: str | Path) -> dict[str, Any]:
+    """A Lightning checkpoint, checked and loaded the safe way (weights_only)."""
     checkpoint = torch.load(check_checkpoint(ckpt_path), map_location="cpu", weights_only=True)
     if "state_dict" not in checkpoint:
         raise ExportError(f"checkpoint '{ckpt_path}' has no state_dict: not from Lightning")
+    return checkpoint
+
+
+def module_of_checkpoint(
+    checkpoint: dict[str, Any], ckpt_path: str | Path
+) -> tuple[nn.Module, dict[str, Any]]:
+    """The LightningModule a read checkpoint holds, with its weights, in eval mode."""
     hparams = dict(checkpoint.get("hyper_parameters") or {})
     module = build_module(module_class(hparams.get("_class_path")), hparams)
     try:
@@ -135,20 +177,284 @@ def load_checkpoint_module(ckpt_path: str | Path) -> tuple[nn.Module, dict[str, 
     return module.eval(), hparams
 
 
-def export(ckpt_path: str | Path, output: str | Path) -> Path:
-    """Write the network of a Lightning checkpoint to `output`; returns its path."""
-    module, hparams = load_checkpoint_module(ckpt_path)
+def load_checkpoint_module(ckpt_path: str | Path) -> tuple[nn.Module, dict[str, Any]]:
+    """The LightningModule of a checkpoint with its weights, and its hyperparameters."""
+    return module_of_checkpoint(read_checkpoint(ckpt_path), ckpt_path)
+
+
+def format_of(output: str | Path, requested: str | None = None) -> str:
+    """The format to write: `requested`, else the one the output's suffix names."""
+    if requested is not None:
+        if requested not in FORMATS:
+            raise ExportError(f"unknown format {requested!r}: one of {', '.join(FORMATS)}")
+        return requested
+    return SUFFIXES.get(Path(output).suffix.lower(), "state_dict")
+
+
+def export(
+    ckpt_path: str | Path,
+    output: str | Path,
+    format: str | None = None,
+    rtol: float = RTOL,
+    atol: float = ATOL,
+) -> Path:
+    """Write the network of a Lightning checkpoint to `output`; returns its path.
+
+    `format` is one of FORMATS; by default the suffix of `output` picks it.
+    """
+    chosen = format_of(output, format)
+    checkpoint = read_checkpoint(ckpt_path)
+    module, hparams = module_of_checkpoint(checkpoint, ckpt_path)
     attribute, network = network_of(module)
-    exported = {
-        "module": class_path(type(module)),
-        "hyper_parameters": hparams,
-        "attribute": attribute,
-        "network": class_path(type(network)),
-        "state_dict": clean_state_dict(network.state_dict()),
-    }
-    # Prove it loads before writing it: strict, into a network rebuilt from the record.
-    rebuild(exported).load_state_dict(exported["state_dict"], strict=True)
-    return atomic_save(exported, output)
+    if chosen == "state_dict":
+        exported = {
+            "module": class_path(type(module)),
+            "hyper_parameters": hparams,
+            "attribute": attribute,
+            "network": class_path(type(network)),
+            "state_dict": clean_state_dict(network.state_dict()),
+        }
+        # Prove it loads before writing it: strict, into a network rebuilt from the record.
+        rebuild(exported).load_state_dict(exported["state_dict"], strict=True)
+        return atomic_save(exported, output)
+    batch = example_batch(checkpoint.get(DATAMODULE_HPARAMS))
+    inputs = at_least_two(network_inputs(module, batch))
+    data = deployable(network.eval(), inputs, chosen, rtol=rtol, atol=atol)
+    return atomic_save(data, output, save=write_bytes)
+
+
+def write_bytes(data: bytes, file: Any) -> None:
+    file.write(data)
+
+
+def network_inputs(module: nn.Module, batch: Any) -> tuple[torch.Tensor, ...]:
+    """What the network takes, from a batch as the module's steps receive it.
+
+    The module's own `network_inputs(batch)` when it has one; else the batch
+    itself when it is a tensor, or its first element when it is a tuple or list.
+    """
+    hook = getattr(module, "network_inputs", None)
+    if callable(hook):
+        inputs = hook(batch)
+        inputs = tuple(inputs) if isinstance(inputs, tuple | list) else (inputs,)
+        source = f"{type(module).__name__}.network_inputs(batch)"
+    elif isinstance(batch, torch.Tensor):
+        inputs, source = (batch,), "the batch"
+    elif isinstance(batch, tuple | list) and batch and isinstance(batch[0], torch.Tensor):
+        inputs, source = (batch[0],), "the batch's first element"
+    else:
+        kind = type(batch).__name__
+        keys = f" with keys {sorted(map(str, batch))}" if isinstance(batch, dict) else ""
+        raise ExportError(
+            f"cannot tell the network's inputs from a batch of type {kind}{keys}: define"
+            f" `network_inputs(self, batch) -> tuple` on {type(module).__name__}, returning the"
+            " tensors its network takes, in the order of its forward's arguments"
+        )
+    if not inputs or not all(isinstance(x, torch.Tensor) and x.dim() > 0 for x in inputs):
+        raise ExportError(
+            f"{source} must give tensors with a batch dimension, got"
+            f" {[type(x).__name__ for x in inputs] or 'nothing'}"
+        )
+    sizes = {x.shape[0] for x in inputs}
+    if len(sizes) != 1:
+        raise ExportError(
+            f"{source} gives tensors of different first dimensions ({sorted(sizes)}); the"
+            " first dimension of every input is the batch"
+        )
+    return inputs
+
+
+def at_least_two(inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """The inputs with a batch of two or more: torch.export fixes a batch of one."""
+    if inputs[0].shape[0] >= 2:
+        return inputs
+    return tuple(torch.cat([x] * 2) for x in inputs)
+
+
+def example_batch(datamodule_hparams: dict[str, Any] | None = None) -> Any:
+    """The first batch of the project's DataModule, on the CPU.
+
+    Built with the hyperparameters the checkpoint recorded for it, if any; taken
+    from the first split it defines of predict, test, val and train.
+    """
+    from lightning.pytorch.utilities.model_helpers import is_overridden
+
+    from {{ cookiecutter.package_name }}.project import DataModule
+
+    hparams = dict(datamodule_hparams or {})
+    try:
+        datamodule = build_module(DataModule, hparams)
+        for split, stage in EXAMPLE_SPLITS:
+            if is_overridden(f"{split}_dataloader", datamodule):
+                datamodule.prepare_data()
+                datamodule.setup(stage)
+                return next(iter(getattr(datamodule, f"{split}_dataloader")()))
+    except ExportError:
+        raise
+    except Exception as error:
+        raise ExportError(
+            f"cannot take an example batch from {DataModule.__name__}: {error}"
+        ) from error
+    raise ExportError(f"{DataModule.__name__} defines no dataloader to take an example batch from")
+
+
+def reason(error: BaseException) -> str:
+    """The message of a tracing error on one line, with the call that raised it.
+
+    torch.export's messages can start with the code of the traced graph; the
+    first line of prose is the reason.
+    """
+    lines = str(error).splitlines()
+    prose = [
+        line.strip()
+        for line in lines
+        if line.strip() and not line[:1].isspace() and not line.startswith(("def ", "#"))
+    ]
+    message = prose[0] if prose else type(error).__name__
+    for before, line in pairwise(lines):
+        if "raised this error" in before and line.strip().startswith("File "):
+            return f"{message} ({line.strip()})"
+    return message
+
+
+def tensors_of(outputs: Any) -> list[torch.Tensor]:
+    """Every tensor of a network's outputs (a tensor, tuple, list or dict), in order."""
+    leaves, _ = tree_flatten(outputs)
+    return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+
+
+def compare(
+    name: str, actual: Sequence[torch.Tensor], expected: Sequence[torch.Tensor], rtol, atol
+) -> None:
+    """ExportError unless `actual` equals `expected`, within the tolerance for floats."""
+    if len(actual) != len(expected):
+        raise ExportError(f"{name} gives {len(actual)} outputs, the network {len(expected)}")
+    for index, (got, want) in enumerate(zip(actual, expected, strict=True)):
+        got = got.to(want.device)
+        if got.shape != want.shape:
+            raise ExportError(
+                f"{name}'s output {index} has shape {tuple(got.shape)}, the network's"
+                f" {tuple(want.shape)}"
+            )
+        if want.is_floating_point() or want.is_complex():
+            if not torch.allclose(got.to(want.dtype), want, rtol=rtol, atol=atol):
+                worst = (got.to(want.dtype) - want).abs().max().item()
+                raise ExportError(
+                    f"{name}'s output {index} differs from the network's by up to {worst:.3g}"
+                    f" (allowed: rtol={rtol}, atol={atol}; --rtol and --atol set them)"
+                )
+        elif not torch.equal(got.to(want.dtype), want):
+            raise ExportError(f"{name}'s output {index} differs from the network's")
+
+
+def deployable(
+    network: nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    format: str,
+    rtol: float = RTOL,
+    atol: float = ATOL,
+) -> bytes:
+    """The bytes of the network as a `pt2` or `onnx` file, with a dynamic batch.
+
+    Checked before they are returned: read back from the bytes, the export's
+    outputs equal the network's on `inputs` and on a batch of another size.
+    """
+    # torch's tracers log what they skip, at WARNING: the one line an
+    # ExportError gives is the message here.
+    logging.disable(logging.WARNING)
+    try:
+        return checked_export(network, inputs, format, rtol, atol)
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def checked_export(
+    network: nn.Module, inputs: tuple[torch.Tensor, ...], format: str, rtol: float, atol: float
+) -> bytes:
+    other = tuple(torch.cat([x, x[:1]]) for x in inputs)  # one sample more
+    with torch.no_grad():
+        # Run first: a network that caches tensors on its first call has them now.
+        expected = [tensors_of(network(*batch)) for batch in (inputs, other)]
+    batch = torch.export.Dim("batch")
+    dynamic_shapes = tuple({0: batch} for _ in inputs)
+    try:
+        # On failure torch.export prints the graph it traced so far to stderr.
+        with contextlib.redirect_stderr(io.StringIO()):
+            program = torch.export.export(network, inputs, dynamic_shapes=dynamic_shapes)
+    except Exception as error:
+        raise ExportError(
+            f"torch.export cannot trace {type(network).__name__} with a dynamic batch"
+            f" dimension: {reason(error)}"
+        ) from error
+    if format == "pt2":
+        buffer = io.BytesIO()
+        torch.export.save(program, buffer)
+        data = buffer.getvalue()
+        run = pt2_runner(data)
+    else:
+        data = onnx_bytes(program, len(inputs))
+        run = onnx_runner(data)
+    for batch, want in zip((inputs, other), expected, strict=True):
+        with torch.no_grad():
+            got = run(batch)
+        compare(f"the {format} export (batch of {len(batch[0])})", got, want, rtol, atol)
+    return data
+
+
+def pt2_runner(data: bytes) -> Callable[[tuple], list[torch.Tensor]]:
+    """A function that runs `.pt2` bytes, loaded with torch.export.load, on a tuple of tensors."""
+    program = torch.export.load(io.BytesIO(data)).module()
+
+    def run(inputs: tuple) -> list[torch.Tensor]:
+        return tensors_of(program(*inputs))
+
+    return run
+
+
+def onnx_modules() -> tuple[Any, Any]:
+    """(onnx, onnxruntime), or ExportError saying how to install them."""
+    try:
+        import onnx
+        import onnxruntime
+        import onnxscript  # noqa: F401  (torch.onnx's exporter)
+    except ImportError as error:
+        raise ExportError(
+            f"writing ONNX needs onnx, onnxscript and onnxruntime ({error.name} is missing):"
+            f' pip install "{COMMAND}[onnx]"'
+        ) from error
+    return onnx, onnxruntime
+
+
+def onnx_bytes(program: Any, n_inputs: int) -> bytes:
+    """An ExportedProgram as ONNX, its inputs named input_0, input_1, ..."""
+    onnx, _ = onnx_modules()
+    try:
+        with warnings.catch_warnings():
+            # Raised inside torch's own exporter by this torch release.
+            warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+            onnx_program = torch.onnx.export(
+                program, input_names=[f"input_{i}" for i in range(n_inputs)], verbose=False
+            )
+    except Exception as error:
+        raise ExportError(f"torch.onnx cannot convert the network: {reason(error)}") from error
+    model = onnx_program.model_proto
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
+def onnx_runner(data: bytes) -> Callable[[tuple], list[torch.Tensor]]:
+    """A function that runs ONNX bytes in ONNX Runtime (CPU) on a tuple of tensors."""
+    _, onnxruntime = onnx_modules()
+    session = onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"])
+    names = [node.name for node in session.get_inputs()]
+
+    def run(inputs: tuple) -> list[torch.Tensor]:
+        feed = {f"input_{i}": x.numpy() for i, x in enumerate(inputs)}
+        return [torch.from_numpy(out) for out in session.run(None, {n: feed[n] for n in names})]
+
+    return run
+
+
 
 
 def rebuild(exported: dict[str, Any]) -> nn.Module:
@@ -170,18 +476,35 @@ def load_network(path: str | Path) -> nn.Module:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="{{ cookiecutter.project_slug }} export",
-        description="Write the trained network of a checkpoint as a plain state_dict.",
+        prog=f"{COMMAND} export",
+        description="Write the trained network of a checkpoint: a plain state_dict (.pt), a"
+        " torch.export program (.pt2) or an ONNX model (.onnx), checked before it is written.",
     )
     parser.add_argument("--ckpt_path", required=True, help="a Lightning checkpoint (.ckpt)")
     parser.add_argument("--output", default="model.pt", help="where to write (default: model.pt)")
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        help="what to write (default: from the suffix of --output: .pt2, .onnx, else state_dict)",
+    )
+    parser.add_argument("--rtol", type=float, default=RTOL, help=f"(default: {RTOL})")
+    parser.add_argument("--atol", type=float, default=ATOL, help=f"(default: {ATOL})")
     args = parser.parse_args(argv)
+    if args.rtol < 0 or args.atol < 0:
+        parser.error("--rtol and --atol must be 0 or more")
     try:
-        output = export(args.ckpt_path, args.output)
+        output = export(args.ckpt_path, args.output, args.format, rtol=args.rtol, atol=args.atol)
     except (CheckpointError, CheckpointSaveError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    print(f"Wrote {output}: load it with {PACKAGE}.kit.export.load_network({str(output)!r})")
+    chosen = format_of(output, args.format)
+    if chosen == "state_dict":
+        use = f"load it with {PACKAGE}.kit.export.load_network({str(output)!r})"
+    elif chosen == "pt2":
+        use = f"torch.export.load({str(output)!r}).module() runs it, with torch alone"
+    else:
+        use = f"onnxruntime.InferenceSession({str(output)!r}) runs it"
+    print(f"Wrote {output} ({chosen}): {use}")
     return 0
 
 
