@@ -18,7 +18,13 @@ OPTIONS = {
 }
 # What each option adds; removed when the option is off.
 FILES = {
-    "cluster": ["scripts/torchrun.sh", "scripts/slurm.sbatch", "k8s", "tests/test_cluster.py"],
+    "cluster": [
+        "scripts/torchrun.sh",
+        "scripts/slurm.sbatch",
+        "scripts/sweep.sbatch",
+        "k8s",
+        "tests/test_cluster.py",
+    ],
     "ci": [".github"],
     "license": ["LICENSE"],
 }

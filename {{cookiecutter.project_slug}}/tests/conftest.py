@@ -130,6 +130,15 @@ def failure(command: str, result) -> str:
     )
 
 
+SWEEP_MODULES = [
+    f"{PACKAGE}.kit.trial",
+    "optuna.storages._rdb.storage",
+    "optuna.importance",
+    "optuna.visualization.matplotlib",
+    "matplotlib.pyplot",
+]
+
+
 class ForkedRun:
     """A run of the command in a process forked from a server that imported Lightning
     once: a real process (signals, SIGKILL, exit codes), without the import in each."""
@@ -139,8 +148,9 @@ class ForkedRun:
     def __init__(self, args: tuple[str, ...], cwd: Path, env: dict | None):
         if ForkedRun._context is None:
             ForkedRun._context = multiprocessing.get_context("forkserver")
+            # (and what a sweep's trials and report import: Optuna, its database and plots)
             ForkedRun._context.set_forkserver_preload(
-                ["lightning.pytorch", f"{PACKAGE}.kit.cli", "instruments"]
+                ["lightning.pytorch", f"{PACKAGE}.kit.cli", "instruments", *SWEEP_MODULES]
             )
         import instruments
 

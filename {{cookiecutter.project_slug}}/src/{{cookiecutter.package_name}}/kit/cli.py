@@ -14,10 +14,12 @@ import os
 import sys
 import traceback
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.pytorch import Callback
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -198,6 +200,8 @@ class ProjectCLI(LightningCLI):
             # working directory of the first run made in this process.
             init["save_dir"] = os.path.abspath(init.get("save_dir") or "mlruns")
 {%- endif %}
+        if subcommand == "fit":
+            self.place_run(config)
         # Before Lightning reads the checkpoint's hyperparameters:
         # `--ckpt_path last` becomes the newest checkpoint of the newest run
         # (and the logger continues that run); a damaged file is refused by name.
@@ -213,6 +217,11 @@ class ProjectCLI(LightningCLI):
         run = run_of_checkpoint(checkpoint)
         if subcommand in ("validate", "test") and run and continue_run(logger, run):
             rank_zero_info(f"Logging {subcommand} into the checkpoint's run, {run}")
+
+    def place_run(self, config) -> None:
+        """Where a fit's run goes, decided before `--ckpt_path last` is resolved and a
+        new run directory claimed: here, where the config says. (The sweep puts each
+        trial's run into its study's directory.)"""
 
     def _start_new_run(self, config) -> None:
         """A fit that continues no run gets a run directory of its own (claimed by rank 0)."""
@@ -251,17 +260,27 @@ class ProjectCLI(LightningCLI):
         )
 
 
-def main(args: list[str] | None = None, **cli_kwargs) -> ProjectCLI:
+def main(
+    args: list[str] | None = None,
+    callbacks: list[Callback] | None = None,
+    cli_class: Callable[..., ProjectCLI] = ProjectCLI,
+    **cli_kwargs,
+) -> ProjectCLI:
     """Run the CLI on `args` (default: the command line).
 
     `cli_kwargs` go to LightningCLI: `main([...], run=False)` only builds the
-    model, data and trainer, as tests and notebooks want.
+    model, data and trainer, as tests and notebooks want. `callbacks` are added
+    to the Trainer's own (objects that a config cannot name, like the sweep's
+    pruning callback, which holds its trial); `cli_class` builds the CLI.
     """
-    return ProjectCLI(
+    trainer_defaults = dict(TRAINER_DEFAULTS)
+    if callbacks:
+        trainer_defaults["callbacks"] = list(callbacks)
+    return cli_class(
         Model,
         DataModule,
         args=args,
-        trainer_defaults=TRAINER_DEFAULTS,
+        trainer_defaults=trainer_defaults,
         seed_everything_default=42,
         parser_class=ProjectParser,
         # The model builds its own optimizer in configure_optimizers, so the
