@@ -18,10 +18,8 @@ import optuna
 import pytest
 import yaml
 from conftest import (
-    CONFIGS,
     SRC,
     best_score,
-    configured,
     fork_cli,
     load_checkpoint,
     run_forked,
@@ -117,17 +115,6 @@ def test_a_bad_space_entry_is_refused_by_name(tmp_path, entry, message):
     with pytest.raises(SweepError, match=message) as refused:
         read_space(path)
     assert str(path) in str(refused.value)
-
-
-def test_the_projects_space_names_flags_its_fit_accepts():
-    """configs/sweep.yaml is yours: each of its flags, at its lowest value, builds the CLI."""
-    space = read_space(CONFIGS / "sweep.yaml")
-    lowest = {
-        name: dist.choices[0] if hasattr(dist, "choices") else dist.low
-        for name, dist in space.items()
-    }
-    cli = configured(*as_flags(suggest(FixedTrial(lowest), space)))
-    assert cli.model is not None and cli.datamodule is not None
 
 
 def test_sweep_options_and_fit_flags_are_told_apart():
