@@ -408,16 +408,17 @@ class Sweep:
 
         self.monitor = MONITOR
         self.direction = "maximize" if MODE == "max" else "minimize"
-        self.worker = 0
+        self.worker: int | None = None  # set in the process that runs trials
 
     def say(self, line: str) -> None:
-        prefix = f"[sweep worker {self.worker}] " if self.options.workers > 1 else "[sweep] "
+        several = self.options.workers > 1 and self.worker is not None
+        prefix = f"[sweep worker {self.worker}] " if several else "[sweep] "
         print(prefix + line, flush=True)
 
     def sampler(self):
         import optuna
 
-        seed = None if self.options.seed is None else self.options.seed + self.worker
+        seed = None if self.options.seed is None else self.options.seed + (self.worker or 0)
         name = self.options.sampler
         if name == "tpe":
             # constant_liar: workers running side by side do not all sample one spot.
@@ -631,10 +632,16 @@ class Sweep:
             self.say(f"trial {trial.number} failed: {type(failure).__name__}: {failure}")
         finally:
             beat.stop()
-        if state == TrialState.COMPLETE:
-            frozen = study.tell(trial, value)
-        else:  # a pruned trial's value is its last reported one
-            frozen = study.tell(trial, state=state)
+        try:
+            if state == TrialState.COMPLETE:
+                frozen = study.tell(trial, value)
+            else:  # a pruned trial's value is its last reported one
+                frozen = study.tell(trial, state=state)
+        except (RuntimeError, ValueError) as refused:  # another worker took it for dead
+            self.say(f"trial {trial.number}: its result could not be recorded: {refused}")
+            if error is not None:
+                raise error from refused
+            return True
         if isinstance(error, Interrupted):
             self.retry(study, trial.number)
         if error is not None:
@@ -686,8 +693,9 @@ class Sweep:
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
-        codes = [process.exitcode for process in processes]
-        stopped = [code for code in codes if code and code > 128]
+        # A worker killed by a signal exits -N: as a shell says it, 128 + N.
+        codes = [128 - code if code < 0 else code for code in (p.exitcode for p in processes)]
+        stopped = [code for code in codes if code > 128]
         if stopped or STOP.signum is not None:
             return stopped[0] if stopped else 128 + STOP.signum
         return max(codes, key=abs)
@@ -703,7 +711,8 @@ class Sweep:
             {name for t in trials for name in t.params} - set(self.space)
         )
         header = ["#", "state", self.monitor, "epochs", *names, "run", "note"]
-        rows = [self.row(trial, names) for trial in trials]
+        again = {t.user_attrs["retry_of"]: t.number for t in trials if "retry_of" in t.user_attrs}
+        rows = [self.row(trial, names, again.get(trial.number)) for trial in trials]
         print(table(header, rows))
         self.folder.mkdir(parents=True, exist_ok=True)
         with open(self.folder / "trials.csv", "w", newline="") as file:
@@ -733,7 +742,7 @@ class Sweep:
         self.plot(study)
         return True
 
-    def row(self, trial, names: list[str]) -> list[str]:
+    def row(self, trial, names: list[str], tried_again: int | None) -> list[str]:
         value = "" if trial.value is None else f"{trial.value:.6g}"
         params = [
             "" if name not in trial.params else flag_value(round_float(trial.params[name]))
@@ -741,11 +750,12 @@ class Sweep:
         ]
         note = []
         if trial.user_attrs.get("retry_of") is not None:
-            note.append(f"again: #{trial.user_attrs['retry_of']}")
-        state = trial.state.name
+            note.append(f"#{trial.user_attrs['retry_of']} again")
+        if tried_again is not None:
+            note.append(f"tried again as #{tried_again}")
         return [
             str(trial.number),
-            state,
+            trial.state.name,
             value,
             str(len(trial.intermediate_values)),
             *params,
