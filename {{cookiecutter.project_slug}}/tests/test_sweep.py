@@ -194,6 +194,7 @@ def _short_sweep(folder: Path) -> None:
         "--warmup-epochs=1",
         "--",
         "--trainer.limit_train_batches=2",
+        "--trainer.deterministic=true",  # so that the best config trains to the same score
         *FEW_BATCHES,
         cwd=folder,
     )
@@ -281,12 +282,15 @@ def test_a_stopped_sweep_continues_its_study(workdir, stop):
 
 @pytest.mark.slow
 def test_two_workers_share_one_sqlite_study(workdir):
+    """Two worker processes on one SQLite file: every trial is run by one of them, in a run
+    of its own, and recorded complete; none is lost or left running."""
     space = write_space(workdir, SPACE)
     run_forked(
         "sweep",
         f"--space={space}",
         "--workers=2",
         "--trials=4",
+        "--pruner=none",
         "--",
         "--trainer.max_epochs=1",
         *FEW_BATCHES,
