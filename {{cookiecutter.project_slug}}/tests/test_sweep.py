@@ -123,6 +123,8 @@ def test_sweep_options_and_fit_flags_are_told_apart():
     )
     assert (options.trials, options.workers, options.sampler) == (5, 2, "tpe")
     assert fit_args == ["--config", "c.yaml", "--trainer.max_epochs", "3"]
+    _, fit_args = parse(["--trainer.max_epochs=3", "--trials=2", "--", "--config", "c.yaml"])
+    assert fit_args == ["--trainer.max_epochs=3", "--config", "c.yaml"]
     with pytest.raises(SystemExit) as refused:
         parse(["--pruner", "threshold"])
     assert refused.value.code == 2

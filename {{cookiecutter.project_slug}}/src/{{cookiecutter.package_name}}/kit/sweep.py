@@ -167,8 +167,8 @@ def parser() -> argparse.ArgumentParser:
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """The sweep's own options, and the flags that go to every trial's fit."""
     options, fit_args = parser().parse_known_args(argv)
-    if fit_args[:1] == ["--"]:
-        fit_args = fit_args[1:]
+    if "--" in fit_args:  # (where argparse leaves it depends on the Python version)
+        fit_args.remove("--")
     problems = []
     if options.trials < 1:
         problems.append("--trials must be at least 1")
