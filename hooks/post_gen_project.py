@@ -21,6 +21,7 @@ FILES = {
     "cluster": [
         "scripts/torchrun.sh",
         "scripts/slurm.sbatch",
+        "scripts/sweep.sbatch",
         "k8s",
         "Dockerfile",
         ".dockerignore",

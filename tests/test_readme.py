@@ -98,6 +98,12 @@ RENDERED_RULES = [
         "covered tests/test_cluster.py (the script under a recording srun, with SIF)",
     ),
     (r"\S+ doctor( --json)?", "run"),
+    (
+        r"\S+ sweep( .*)?",
+        "covered tests/test_sweep.py: short sweeps over a small space (trials pruned, a killed"
+        " sweep continued, two workers on one study) and configs/sweep.yaml checked against fit;"
+        " the default 20 trials of 20 epochs are too long for a test",
+    ),
     (r"\S+ doctor --require-gpu", "run" if GPU else "expect 1"),
     (r"tensorboard --logdir logs", "server http://localhost:6006"),
     (r'pip install "mlflow>=3,<4"', "run"),

@@ -81,13 +81,16 @@ def combination_id(answers: dict) -> str:
 def expected_files(package: str, answers: dict) -> set[str]:
     answers = {**DEFAULTS, **answers}
     users = "__init__ __main__ data model project"
-    kit = "__init__ callbacks checkpoints cli data doctor export hardware health hints predict runs"
-    tests = (
-        "conftest instruments test_bad_input test_callbacks test_checkpoints test_cli test_data"
-        " test_ddp test_doctor test_example test_export test_faults test_gpu test_hardware"
-        " test_health test_hints test_model test_runs"
+    kit = (
+        "__init__ callbacks checkpoints cli data doctor export hardware health hints predict runs"
+        " sweep trial"
     )
-    configs = "accumulate ddp debug default gpu profile"
+    tests = (
+        "conftest instruments test_bad_input test_callbacks test_checkpoints test_cli test_compile"
+        " test_data test_ddp test_doctor test_example test_export test_faults test_gpu"
+        " test_hardware test_health test_hints test_model test_runs test_sweep"
+    )
+    configs = "accumulate ddp debug default gpu profile sweep"
     files = {
         ".gitignore",
         ".pre-commit-config.yaml",
@@ -102,6 +105,7 @@ def expected_files(package: str, answers: dict) -> set[str]:
         files |= {
             "scripts/torchrun.sh",
             "scripts/slurm.sbatch",
+            "scripts/sweep.sbatch",
             "k8s/pytorchjob.yaml",
             "Dockerfile",
             ".dockerignore",
@@ -253,7 +257,7 @@ def test_launch_scripts_are_executable_and_valid(rendered):
         assert not (project / "scripts").exists() and not (project / "k8s").exists()
         assert not (project / "Dockerfile").exists()
         return
-    for script in ("scripts/torchrun.sh", "scripts/slurm.sbatch"):
+    for script in ("scripts/torchrun.sh", "scripts/slurm.sbatch", "scripts/sweep.sbatch"):
         assert os.access(project / script, os.X_OK), script
         run(["bash", "-n", script], cwd=project)
     assert yaml.safe_load((project / "k8s" / "pytorchjob.yaml").read_text())["kind"] == "PyTorchJob"

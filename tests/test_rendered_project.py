@@ -18,15 +18,18 @@ def passed_count(pytest_output: str) -> int:
 # others every quick test and the slow ones their options change (the fit to the
 # example's target, resume into the logger's run, DDP's single run directory).
 SIGKILL = "tests/test_faults.py::test_resume_after_sigkill_continues_from_the_last_checkpoint"
+# A sweep on a lower-is-better metric; one continued after a kill, in the logger's own runs.
+SHORT_SWEEP = "tests/test_sweep.py::test_a_short_sweep_completes_prunes_and_reports"
+STOPPED_SWEEP = "tests/test_sweep.py::test_a_stopped_sweep_continues_its_study"
 SUITES = {
     "digits-tensorboard-every-option": ({}, []),
     "minimal-csv-no-cluster-no-ci-no-license": (
         {"example": "minimal", "logger": "csv", "cluster": False, "ci": False, "license": "none"},
-        ["tests/test_cli.py", SIGKILL],
+        ["tests/test_cli.py", SIGKILL, SHORT_SWEEP],
     ),
     "digits-mlflow": (
         {"logger": "mlflow"},
-        ["tests/test_cli.py", "tests/test_ddp.py", SIGKILL],
+        ["tests/test_cli.py", "tests/test_ddp.py", SIGKILL, STOPPED_SWEEP],
     ),
 }
 

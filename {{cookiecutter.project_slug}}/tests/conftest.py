@@ -132,10 +132,22 @@ def failure(command: str, result) -> str:
     )
 
 
+SWEEP_MODULES = [
+    f"{PACKAGE}.kit.trial",
+    "optuna.storages._rdb.storage",
+    "optuna.importance",
+    "optuna.visualization.matplotlib",
+    "matplotlib.pyplot",
+]
+
+
 def forkserver():
-    """Processes forked from a server that imported Lightning and the kit once."""
+    """Processes forked from a server that imported Lightning and the kit once (and what
+    a sweep's trials and report import: Optuna, its database and plots)."""
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["lightning.pytorch", f"{PACKAGE}.kit.cli", "instruments"])
+    context.set_forkserver_preload(
+        ["lightning.pytorch", f"{PACKAGE}.kit.cli", "instruments", *SWEEP_MODULES]
+    )
     return context
 
 

@@ -11,7 +11,9 @@ variables, which DDP's and torchrun's worker processes inherit:
   sample indices this rank's sampler yields this epoch, fingerprints of the
   parameters and of the optimizer state, and the schedulers' states;
 - INSTRUMENTS_PAUSE_EPOCH=<n> and INSTRUMENTS_PAUSE_MARKER=<file>: at the start
-  of epoch n, rank 0 writes the marker and waits there (for a signal);
+  of epoch n, rank 0 writes the marker and waits there (for a signal); with
+  INSTRUMENTS_PAUSE_FIT=<k>, only in the k-th fit (from 0) this process runs
+  (a sweep runs one per trial);
 - INSTRUMENTS_FAIL_RANK=<r> and INSTRUMENTS_FAIL_STEP=<s>: rank r raises at step s;
 - INSTRUMENTS_KILL_STEP=<s>: the process SIGKILLs itself when step s starts;
 - INSTRUMENTS_KILL_SAVE=<k>: the process SIGKILLs itself half-way through writing
@@ -50,7 +52,17 @@ def optimizer_fingerprint(optimizer_state: dict) -> float:
     )
 
 
+FITS_STARTED = [0]  # fits this process has started (a sweep runs several)
+
+
 class Instruments(Callback):
+    def __init__(self) -> None:
+        self.fit_index = None
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self.fit_index = FITS_STARTED[0]
+        FITS_STARTED[0] += 1
+
     def _record(self, trainer, pl_module, event: str) -> None:
         prefix = os.environ.get("INSTRUMENTS_RECORD")
         if not prefix:
@@ -86,6 +98,9 @@ class Instruments(Callback):
         if fill and trainer.current_epoch == int(os.environ["INSTRUMENTS_FILL_EPOCH"]):
             fill_disk(Path(fill))
         pause = os.environ.get("INSTRUMENTS_PAUSE_EPOCH")
+        fit = os.environ.get("INSTRUMENTS_PAUSE_FIT")
+        if fit is not None and self.fit_index != int(fit):
+            pause = None
         if pause and trainer.current_epoch == int(pause) and trainer.global_rank == 0:
             marker = Path(os.environ["INSTRUMENTS_PAUSE_MARKER"])
             marker.write_text(json.dumps({"global_step": trainer.global_step}))

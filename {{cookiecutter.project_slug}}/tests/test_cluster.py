@@ -29,6 +29,7 @@ from instruments import read_records
 
 TORCHRUN = PROJECT_ROOT / "scripts" / "torchrun.sh"
 SBATCH = PROJECT_ROOT / "scripts" / "slurm.sbatch"
+SWEEP_ARRAY = PROJECT_ROOT / "scripts" / "sweep.sbatch"
 PYTORCHJOB = PROJECT_ROOT / "k8s" / "pytorchjob.yaml"
 DOCKERFILE = PROJECT_ROOT / "Dockerfile"
 
@@ -104,8 +105,8 @@ def test_torchrun_script_refuses_bad_counts(tmp_path):
     assert "--nproc-per-node 'four' must be a whole number" in result.stderr
 
 
-def sbatch_options() -> dict[str, str]:
-    lines = [line for line in SBATCH.read_text().splitlines() if line.startswith("#SBATCH ")]
+def sbatch_options(script: Path = SBATCH) -> dict[str, str]:
+    lines = [line for line in script.read_text().splitlines() if line.startswith("#SBATCH ")]
     options = [line.removeprefix("#SBATCH --").partition("=") for line in lines]
     return {name: value for name, _, value in options}
 
@@ -117,23 +118,33 @@ def test_slurm_script_is_valid_bash_and_preemptible():
     assert options["requeue"] == ""  # and comes back
 
 
+def fake_srun_env(tmp_path: Path, **slurm: str) -> dict:
+    """An environment where `srun` records its arguments in tmp_path/args, with SLURM's
+    variables; what it ran is `(tmp_path / "args").read_text().splitlines()`."""
+    fake = tmp_path / "bin"
+    fake.mkdir(parents=True)
+    (fake / "srun").write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "$SRUN_ARGS"\n')
+    (fake / "srun").chmod(0o755)
+    return {
+        **os.environ,
+        "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}",
+        "SRUN_ARGS": str(tmp_path / "args"),
+        **slurm,
+    }
+
+
+
 def srun_words(folder: Path, **env: str) -> list[str]:
     """Run the script as SLURM would, with `srun` replaced by a recorder; what srun got."""
     options = sbatch_options()
-    fake = folder / "bin"
-    fake.mkdir()
-    (fake / "srun").write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "$SRUN_ARGS"\n')
-    (fake / "srun").chmod(0o755)
-    env = {
-        **os.environ,
-        "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}",
-        "SRUN_ARGS": str(folder / "args"),
+    env = fake_srun_env(
+        folder,
         # What SLURM sets from the #SBATCH lines.
-        "SLURM_JOB_ID": "1234",
-        "SLURM_JOB_NUM_NODES": options["nodes"],
-        "SLURM_NTASKS_PER_NODE": options["ntasks-per-node"],
+        SLURM_JOB_ID="1234",
+        SLURM_JOB_NUM_NODES=options["nodes"],
+        SLURM_NTASKS_PER_NODE=options["ntasks-per-node"],
         **env,
-    }
+    )
     command = ["bash", str(SBATCH), "--data.batch_size=128"]
     subprocess.run(command, env=env, check=True, cwd=folder)
     return (folder / "args").read_text().splitlines()
@@ -241,6 +252,24 @@ def test_dockerignore_keeps_environments_runs_and_checkpoints_out():
     copies = [arg for op, arg in dockerfile() if op == "COPY" and "--from" not in arg]
     for sources in (shlex.split(arg)[:-1] for arg in copies):  # what the build needs
         assert not set(sources) & ignored, sources
+
+
+def test_sweep_array_makes_each_task_a_worker_of_one_study(tmp_path):
+    subprocess.run(["bash", "-n", str(SWEEP_ARRAY)], check=True)
+    options = sbatch_options(SWEEP_ARRAY)
+    assert options["array"] and options["ntasks"] == "1" and options["gres"] == "gpu:1"
+    assert options["signal"] == "TERM@120"  # the trial stops and saves before the time limit
+    for storage in (None, "postgresql://db-host/sweeps"):
+        env = fake_srun_env(tmp_path / str(bool(storage)), SLURM_ARRAY_TASK_ID="3")
+        if storage:
+            env["SWEEP_STORAGE"] = storage
+        command = ["bash", str(SWEEP_ARRAY), "--trials", "64", "--", "--trainer.max_epochs=5"]
+        subprocess.run(command, env=env, check=True, cwd=tmp_path)
+        words = (tmp_path / str(bool(storage)) / "args").read_text().splitlines()
+        assert words[:4] == ["python", "-m", "{{ cookiecutter.package_name }}", "sweep"]
+        # Every task the same storage: a file on the shared filesystem, or the database.
+        assert words[4:6] == ["--storage", storage or "sweeps/journal.log"]
+        assert words[6:] == ["--trials", "64", "--", "--trainer.max_epochs=5"]
 
 
 def test_pytorchjob_runs_the_cli_under_torchrun_with_consistent_counts():

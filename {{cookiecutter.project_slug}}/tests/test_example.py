@@ -7,13 +7,15 @@ other test file is the kit's and runs whatever `project.py` names.
 
 import pytest
 import torch
-from conftest import FakeClock, configured
+from conftest import CONFIGS, FakeClock, configured
 from lightning.pytorch import Trainer
+from optuna.trial import FixedTrial
 
 from {{ cookiecutter.package_name }}.data import DigitFiles, DigitsDataModule, write_digit_files
 from {{ cookiecutter.package_name }}.kit.cli import main
 from {{ cookiecutter.package_name }}.kit.data import LoaderSettings
 from {{ cookiecutter.package_name }}.kit.health import TrainingHealth
+from {{ cookiecutter.package_name }}.kit.sweep import as_flags, read_space, suggest
 from {{ cookiecutter.package_name }}.model import DigitsClassifier, DigitsCNN
 
 
@@ -145,6 +147,19 @@ def test_loader_workers_lower_the_data_wait_of_digit_files(workdir, monkeypatch,
     health.clock = clock
     cli.trainer.fit(cli.model, cli.datamodule)
     assert health.summary["data_wait_share"] == pytest.approx(share, abs=1e-3)
+
+
+def test_the_sweep_searches_flags_of_this_example():
+    """configs/sweep.yaml searches this example's own flags: fit takes each of them at both
+    ends of its range (a model or data of your own needs a search space of its own)."""
+    space = read_space(CONFIGS / "sweep.yaml")
+    for end in (0, -1):
+        chosen = {
+            name: dist.choices[end] if hasattr(dist, "choices") else (dist.low, dist.high)[end]
+            for name, dist in space.items()
+        }
+        cli = configured(*as_flags(suggest(FixedTrial(chosen), space)))
+        assert cli.model.hparams  # built with the trial's values
 {%- else -%}
 """The minimal example's own tests: its data, its network, its flags.
 
@@ -153,11 +168,13 @@ other test file is the kit's and runs whatever `project.py` names.
 """
 
 import torch
-from conftest import configured
+from conftest import CONFIGS, configured
+from optuna.trial import FixedTrial
 
 from {{ cookiecutter.package_name }}.data import SyntheticRegressionDataModule
 from {{ cookiecutter.package_name }}.kit.cli import main
 from {{ cookiecutter.package_name }}.kit.health import TrainingHealth
+from {{ cookiecutter.package_name }}.kit.sweep import as_flags, read_space, suggest
 from {{ cookiecutter.package_name }}.model import MLP, Regressor
 
 
@@ -205,4 +222,17 @@ def test_predictions_are_one_number_per_sample():
     with torch.no_grad():
         out = model.predict_step((x, torch.zeros(5, 1)), 0)
         assert torch.equal(out["prediction"], model(x)[:, 0])
+
+
+def test_the_sweep_searches_flags_of_this_example():
+    """configs/sweep.yaml searches this example's own flags: fit takes each of them at both
+    ends of its range (a model or data of your own needs a search space of its own)."""
+    space = read_space(CONFIGS / "sweep.yaml")
+    for end in (0, -1):
+        chosen = {
+            name: dist.choices[end] if hasattr(dist, "choices") else (dist.low, dist.high)[end]
+            for name, dist in space.items()
+        }
+        cli = configured(*as_flags(suggest(FixedTrial(chosen), space)))
+        assert cli.model.hparams  # built with the trial's values
 {%- endif %}

@@ -1,8 +1,9 @@
 """The `{{ cookiecutter.project_slug }}` command, also `python -m {{ cookiecutter.package_name }}`.
 
 `doctor` is dispatched before Lightning is imported, so it works (and is fast)
-even when Lightning's install is broken; `export` has its own small parser;
-fit, validate, test and predict are the Lightning CLI.
+even when Lightning's install is broken; `export` and `sweep` have their own
+small parsers (`sweep --help` answers before Lightning is imported); fit,
+validate, test and predict are the Lightning CLI.
 """
 
 import difflib
@@ -15,6 +16,7 @@ COMMANDS = {
     "predict": "write predictions.csv from a checkpoint (--ckpt_path FILE)",
     "doctor": "is this machine ready to train on its GPU? (never imports Lightning)",
     "export": "write the trained network of a checkpoint as a plain file",
+    "sweep": "an Optuna study over fit's flags (configs/sweep.yaml; --workers N, --storage URL)",
 }
 
 
@@ -46,6 +48,10 @@ def main(argv: list[str] | None = None) -> int:
         from {{ cookiecutter.package_name }}.kit.export import main as export
 
         return export(words[1:])
+    if first == "sweep":
+        from {{ cookiecutter.package_name }}.kit.sweep import main as sweep
+
+        return sweep(words[1:])
     if first not in COMMANDS and not first.startswith("-"):
         close = difflib.get_close_matches(first, COMMANDS, n=1)
         guess = f" (did you mean '{close[0]}'?)" if close else ""

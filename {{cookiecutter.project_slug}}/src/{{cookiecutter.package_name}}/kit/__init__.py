@@ -12,4 +12,6 @@ that `{{ cookiecutter.package_name }}.project` names; you should rarely need to 
     health       throughput, data wait and memory at the end of fit
     hints        what the classic errors mean, printed after a traceback
     predict      `predict` writes any predict_step output as CSV rows
+    sweep        `sweep`: an Optuna study over fit's flags, its storage and workers
+    trial        one trial of a sweep: a fit with its flags, pruned on the metric
 """

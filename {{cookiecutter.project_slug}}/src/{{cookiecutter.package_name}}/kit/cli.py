@@ -15,11 +15,13 @@ import re
 import sys
 import traceback
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.pytorch import Callback
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -261,6 +263,8 @@ class ProjectCLI(LightningCLI):
             # working directory, which is the first run's of this process.
             init["save_dir"] = os.path.abspath(init.get("save_dir") or ".")
 {%- endif %}
+        if subcommand == "fit":
+            self.place_run(config)
         # Before Lightning reads the checkpoint's hyperparameters:
         # `--ckpt_path last` becomes the newest checkpoint of the newest run
         # (and the logger continues that run); a damaged file is refused by name.
@@ -282,6 +286,11 @@ class ProjectCLI(LightningCLI):
             rank_zero_info(f"Logging {subcommand} into the checkpoint's run, {run}")
         else:
             self._start_new_run(config)
+
+    def place_run(self, config) -> None:
+        """Where a fit's run goes, decided before `--ckpt_path last` is resolved and a
+        new run directory claimed: here, where the config says. (The sweep puts each
+        trial's run into its study's directory.)"""
 
     def _start_new_run(self, config) -> None:
         """A command that continues no run gets a run directory of its own (claimed by rank 0)."""
@@ -326,17 +335,27 @@ class ProjectCLI(LightningCLI):
         )
 
 
-def main(args: list[str] | None = None, **cli_kwargs) -> ProjectCLI:
+def main(
+    args: list[str] | None = None,
+    callbacks: list[Callback] | None = None,
+    cli_class: Callable[..., ProjectCLI] = ProjectCLI,
+    **cli_kwargs,
+) -> ProjectCLI:
     """Run the CLI on `args` (default: the command line).
 
     `cli_kwargs` go to LightningCLI: `main([...], run=False)` only builds the
-    model, data and trainer, as tests and notebooks want.
+    model, data and trainer, as tests and notebooks want. `callbacks` are added
+    to the Trainer's own (objects that a config cannot name, like the sweep's
+    pruning callback, which holds its trial); `cli_class` builds the CLI.
     """
-    return ProjectCLI(
+    trainer_defaults = dict(TRAINER_DEFAULTS)
+    if callbacks:
+        trainer_defaults["callbacks"] = list(callbacks)
+    return cli_class(
         Model,
         DataModule,
         args=args,
-        trainer_defaults=TRAINER_DEFAULTS,
+        trainer_defaults=trainer_defaults,
         seed_everything_default=42,
         parser_class=ProjectParser,
         # `--trainer.max_epoch` is a typo to report, not an abbreviation to accept.

@@ -80,6 +80,27 @@ def continue_run(logger: Any, run: Path) -> bool:
     return True
 
 
+def place_new_runs(logger: Any, folder: Path) -> bool:
+    """Point the configured logger's new runs into `folder`: `<folder>/trials/version_N`
+    under TensorBoard or CSV, a store of their own in `<folder>/mlruns` under MLflow.
+    False (and nothing changed) for a logger whose runs are not directories here."""
+    init = _init_args(logger)
+    if init is None:
+        return False
+    if "run_id" in init:
+        if init.get("tracking_uri"):  # a server keeps the runs
+            return False
+        init["save_dir"] = str((folder / "mlruns").absolute())
+        init["run_id"] = None
+        return True
+    if "save_dir" in init and "name" in init and "version" in init:
+        init["save_dir"] = str(folder)
+        init["name"] = "trials"
+        init["version"] = None
+        return True
+    return False
+
+
 def run_of_checkpoint(path: Path) -> Path | None:
     """The run directory a checkpoint was saved in (`<run>/checkpoints/<file>`), else None."""
     run = path.parent.parent

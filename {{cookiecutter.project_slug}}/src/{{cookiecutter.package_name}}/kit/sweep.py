@@ -1,0 +1,879 @@
+"""`{{ cookiecutter.project_slug }} sweep`: an Optuna study over any flags of `fit`.
+
+    {{ cookiecutter.project_slug }} sweep                          # configs/sweep.yaml, 20 trials
+    {{ cookiecutter.project_slug }} sweep --trials 50 --workers 4  # 4 trials at once on this machine
+    {{ cookiecutter.project_slug }} sweep --storage postgresql://user:secret@db-host/sweeps
+    {{ cookiecutter.project_slug }} sweep --trials 30 -- --config configs/gpu.yaml --trainer.max_epochs 10
+
+The search space is a YAML file (`--space`): each flag of `fit` with its
+distribution. Each trial is a real `fit`, with the flags after `--` and then
+the trial's own, in a run directory of its own under `sweeps/<study>/`. After
+every validation it reports the project's monitored metric (`MONITOR` in
+project.py, better as `MODE` says) to the study, and Optuna's Lightning
+callback stops a trial that the pruner finds unpromising. A trial's score is
+the best value of the metric, the one its best checkpoint was kept for.
+
+The study lives in its storage (by default the SQLite file
+`sweeps/<study>/study.db`). `--trials` counts the study's finished trials,
+whoever ran them: the same command again continues the study, and the same
+command on several machines sharing one storage divides the work. A trial
+whose process died (SIGKILL, a lost node) is marked FAIL and its flags are
+tried again, continuing its run from its last checkpoint; so is a trial that
+SIGTERM or Ctrl-C stopped.
+
+At the end it prints a table of the trials and writes, in the study's
+directory: `best.yaml` (the best trial's whole config: `fit --config` it to
+train the same model again), `trials.csv`, `history.png` and `importance.png`.
+"""
+
+import argparse
+import csv
+import math
+import multiprocessing
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+import warnings
+from pathlib import Path
+from typing import Any
+
+SLUG = "{{ cookiecutter.project_slug }}"
+DEFAULT_SPACE = Path("configs/sweep.yaml")
+SWEEPS = Path("sweeps")
+SAMPLERS = ("tpe", "random", "qmc", "grid")
+PRUNERS = ("median", "hyperband", "threshold", "none")
+# A worker writes a heartbeat into its running trial every HEARTBEAT_S; a trial
+# of another machine not heard from for STALE_AFTER_S is taken for dead. (One of
+# this machine is dead as soon as its process is gone.)
+HEARTBEAT_S = 30.0
+STALE_AFTER_S = 300.0
+# What every trial's fit gets first (the flags after -- can set them back): one
+# line per trial from the sweep instead of a progress bar and a model summary.
+TRIAL_DEFAULTS = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+# How often the flags of a killed or stopped trial are tried again.
+RETRIES = 2
+# A worker stops after this many trials in a row failed with an error.
+FAILURES_IN_A_ROW = 3
+
+
+class SweepError(ValueError):
+    """A sweep that cannot start or go on; the message says why and what to change."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or Ctrl-C stopped the sweep; `code` is the exit code (128 + the signal)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.code = 128 + signum
+
+
+class _Stop:
+    """The stop signal this process received, and whether Lightning handles SIGTERM now."""
+
+    signum: int | None = None
+    fitting = False
+
+
+STOP = _Stop()
+
+
+def _on_signal(signum: int, frame) -> None:
+    STOP.signum = signum
+    if STOP.fitting and signum == signal.SIGTERM:
+        return  # Lightning ends the fit after the current batch (and saves interrupted.ckpt)
+    raise Interrupted(signum)
+
+
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=f"{SLUG} sweep",
+        description="An Optuna study over flags of `fit`: each trial a real fit, the metric"
+        " and its direction from project.py (MONITOR, MODE), unpromising trials pruned.",
+        epilog="Flags after `--` (and any flag not listed above) go to every trial's `fit`,"
+        " e.g. `-- --config configs/gpu.yaml --trainer.max_epochs 10`. Run the same command"
+        " again to continue the study; run it on several machines with one --storage to share"
+        " it.",
+        allow_abbrev=False,
+    )
+    parser.add_argument(
+        "--space",
+        type=Path,
+        default=DEFAULT_SPACE,
+        help="YAML file: each flag of fit with its distribution (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--trials",
+        type=int,
+        default=20,
+        help="finished trials (complete or pruned) the study should have, whoever ran them:"
+        " every worker, machine and rerun counts toward it (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--study", help="the study's name (default: the space file's name, e.g. 'sweep')"
+    )
+    parser.add_argument(
+        "--storage",
+        help="where the study lives: an Optuna storage URL (sqlite:///file.db,"
+        " postgresql://..., mysql+pymysql://...) or the path of a journal file on a shared"
+        " filesystem (default: sqlite:///sweeps/<study>/study.db)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="trials at once on this machine, each in its own process with its own GPU (or"
+        " share of the CPUs) (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--sampler",
+        choices=SAMPLERS,
+        default="tpe",
+        help="how the next trial's flags are chosen; grid: every combination of categorical"
+        " and stepped values (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        help="the sampler's seed (worker i takes seed + i); none by default, so that machines"
+        " sharing a study do not sample the same flags",
+    )
+    parser.add_argument(
+        "--pruner",
+        choices=PRUNERS,
+        default="median",
+        help="median: stop a trial worse than the median of earlier trials at the same"
+        " epoch (after 5 trials); hyperband; threshold: stop a trial worse than --threshold;"
+        " none (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--warmup-epochs",
+        type=int,
+        default=1,
+        help="validations every trial gets before the pruner may stop it (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--threshold",
+        type=float,
+        help="for --pruner threshold: the value of the metric a trial must reach (or beat)",
+    )
+    return parser
+
+
+def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The sweep's own options, and the flags that go to every trial's fit."""
+    options, fit_args = parser().parse_known_args(argv)
+    if "--" in fit_args:  # (where argparse leaves it depends on the Python version)
+        fit_args.remove("--")
+    problems = []
+    if options.trials < 1:
+        problems.append("--trials must be at least 1")
+    if options.workers < 1:
+        problems.append("--workers must be at least 1")
+    if options.warmup_epochs < 0:
+        problems.append("--warmup-epochs cannot be negative")
+    if (options.pruner == "threshold") != (options.threshold is not None):
+        problems.append("--threshold goes with --pruner threshold, and that pruner needs it")
+    if problems:
+        parser().error("; ".join(problems))
+    return options, fit_args
+
+
+# The search space ------------------------------------------------------------
+
+SETTINGS = {
+    "float": {"low", "high", "log", "step"},
+    "int": {"low", "high", "log", "step"},
+    "categorical": {"choices"},
+}
+
+
+def read_space(path: Path) -> dict[str, Any]:
+    """The distributions of a space file: {flag without its dashes: optuna distribution}."""
+    import yaml
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    try:
+        entries = yaml.safe_load(path.read_text())
+    except OSError as error:
+        raise SweepError(f"cannot read the search space {path}: {error.strerror}") from error
+    except yaml.YAMLError as error:
+        raise SweepError(f"{path} is not valid YAML: {error}") from error
+    if not isinstance(entries, dict) or not entries:
+        raise SweepError(f"{path}: expected each flag of fit with its distribution, found none")
+    space = {}
+    for flag, spec in entries.items():
+        name = str(flag).lstrip("-")
+        where = f"{path}, {name}"
+        kind = spec.get("type") if isinstance(spec, dict) else None
+        if kind not in SETTINGS:
+            raise SweepError(f"{where}: needs `type:` float, int or categorical, and its settings")
+        unknown = set(spec) - SETTINGS[kind] - {"type"}
+        if unknown:
+            allowed = ", ".join(sorted(SETTINGS[kind]))
+            raise SweepError(
+                f"{where}: unknown {', '.join(sorted(unknown))} (a {kind} takes {allowed})"
+            )
+        try:
+            if kind == "categorical":
+                choices = spec.get("choices")
+                if not isinstance(choices, list) or not choices:
+                    raise ValueError("`choices:` must be a list of values")
+                space[name] = CategoricalDistribution(choices)
+            elif kind == "float":
+                step = spec.get("step")
+                space[name] = FloatDistribution(
+                    float(spec["low"]),
+                    float(spec["high"]),
+                    log=bool(spec.get("log", False)),
+                    step=None if step is None else float(step),
+                )
+            else:
+                space[name] = IntDistribution(
+                    int(spec["low"]),
+                    int(spec["high"]),
+                    log=bool(spec.get("log", False)),
+                    step=int(spec.get("step", 1)),
+                )
+        except KeyError as error:
+            raise SweepError(f"{where}: a {kind} needs `{error.args[0]}:`") from error
+        except (TypeError, ValueError) as error:
+            raise SweepError(f"{where}: {error}") from error
+    return space
+
+
+def suggest(trial, space: dict[str, Any]) -> dict[str, Any]:
+    """The trial's value of every flag of the space."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution
+
+    values = {}
+    for name, dist in space.items():
+        if isinstance(dist, CategoricalDistribution):
+            values[name] = trial.suggest_categorical(name, dist.choices)
+        elif isinstance(dist, FloatDistribution):
+            values[name] = trial.suggest_float(
+                name, dist.low, dist.high, log=dist.log, step=dist.step
+            )
+        else:
+            values[name] = trial.suggest_int(
+                name, dist.low, dist.high, log=dist.log, step=dist.step
+            )
+    return values
+
+
+def flag_value(value: Any) -> str:
+    """A value as the command line writes it (YAML: true, false, null)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def as_flags(values: dict[str, Any]) -> list[str]:
+    return [f"--{name}={flag_value(value)}" for name, value in values.items()]
+
+
+def grid_of(space: dict[str, Any]) -> dict[str, list]:
+    """Every value of each flag, for the grid sampler: choices, or stepped ranges."""
+    from optuna.distributions import CategoricalDistribution
+
+    grid = {}
+    for name, dist in space.items():
+        if isinstance(dist, CategoricalDistribution):
+            grid[name] = list(dist.choices)
+        elif dist.step is None or dist.log:
+            raise SweepError(
+                f"--sampler grid: {name} is a continuous or log-scale range; give it a `step:`"
+                " (and no `log:`), or make it categorical"
+            )
+        else:
+            count = int(round((dist.high - dist.low) / dist.step)) + 1
+            grid[name] = [dist.low + i * dist.step for i in range(count)]
+    return grid
+
+
+# Storage and study -----------------------------------------------------------
+
+
+def open_storage(url: str):
+    """An Optuna storage: a database URL, or a journal file (safe on NFS and the like)."""
+    import optuna
+
+    if "://" not in url:
+        from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+        Path(url).parent.mkdir(parents=True, exist_ok=True)
+        return JournalStorage(JournalFileBackend(url))
+    if url.startswith("sqlite:///"):
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        # Workers wait for each other's writes instead of failing with "database is locked".
+        wait = {"timeout": 120}
+        engine_kwargs = {"connect_args": wait}
+    else:
+        engine_kwargs = {"pool_pre_ping": True}
+    for attempt in range(3):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+        except ImportError:
+            raise
+        except Exception:  # several machines creating the tables at once: one wins
+            if attempt == 2:
+                raise
+            time.sleep(1.0 + attempt)
+
+
+def shown(url: str) -> str:
+    """A storage URL as it may be printed: its password masked."""
+    if "://" not in url:
+        return url
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not a URL SQLAlchemy reads: opening it will say why
+        return url
+
+
+def close_storage(storage) -> None:
+    """Close a database storage's connections (before forking workers, which open their own)."""
+    engine = getattr(storage, "engine", None)
+    if engine is not None:
+        engine.dispose()
+
+
+def process_start(pid: int) -> str | None:
+    """When a process started (Linux: clock ticks since boot), to tell a reused pid apart."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def process_alive(pid: int, started: str | None) -> bool:
+    """Whether the process `pid` of this machine, started at `started`, still runs."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    if state in ("Z", "X"):  # killed, not yet reaped
+        return False
+    return started is None or process_start(pid) in (None, started)
+
+
+class Heartbeat:
+    """Writes the time into a running trial every HEARTBEAT_S, so other machines see it live."""
+
+    def __init__(self, trial) -> None:
+        self._trial = trial
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="sweep-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            try:
+                self._trial.set_user_attr("alive_at", time.time())
+            except Exception:  # the storage is busy or gone: the next beat tries again
+                pass
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class Sweep:
+    """One sweep command: its options, its space, its study; what each worker runs."""
+
+    def __init__(self, options: argparse.Namespace, fit_args: list[str]) -> None:
+        self.options = options
+        self.fit_args = list(fit_args)
+        self.space = read_space(options.space)
+        self.name = options.study or options.space.stem
+        self.folder = SWEEPS / self.name
+        self.storage_url = options.storage or f"sqlite:///{(self.folder / 'study.db').as_posix()}"
+        if options.sampler == "grid":
+            self.grid = grid_of(self.space)
+        from {{ cookiecutter.package_name }}.project import MODE, MONITOR
+
+        self.monitor = MONITOR
+        self.direction = "maximize" if MODE == "max" else "minimize"
+        self.worker: int | None = None  # set in the process that runs trials
+
+    def say(self, line: str) -> None:
+        several = self.options.workers > 1 and self.worker is not None
+        prefix = f"[sweep worker {self.worker}] " if several else "[sweep] "
+        print(prefix + line, flush=True)
+
+    def sampler(self):
+        import optuna
+
+        seed = None if self.options.seed is None else self.options.seed + (self.worker or 0)
+        name = self.options.sampler
+        if name == "tpe":
+            # constant_liar: workers running side by side do not all sample one spot.
+            return optuna.samplers.TPESampler(seed=seed, constant_liar=True)
+        if name == "random":
+            return optuna.samplers.RandomSampler(seed=seed)
+        if name == "qmc":
+            return optuna.samplers.QMCSampler(seed=seed)
+
+        class Grid(optuna.samplers.GridSampler):
+            def after_trial(self, study, trial, state, values) -> None:
+                pass  # (it would stop the study, which the sweep's own loop does)
+
+        return Grid(self.grid, seed=seed)
+
+    def pruner(self):
+        import optuna
+
+        warmup = self.options.warmup_epochs
+        if self.options.pruner == "median":
+            return optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=warmup)
+        if self.options.pruner == "hyperband":
+            return optuna.pruners.HyperbandPruner(min_resource=max(1, warmup))
+        if self.options.pruner == "threshold":
+            bound = self.options.threshold
+            if self.direction == "maximize":
+                return optuna.pruners.ThresholdPruner(lower=bound, n_warmup_steps=warmup)
+            return optuna.pruners.ThresholdPruner(upper=bound, n_warmup_steps=warmup)
+        return optuna.pruners.NopPruner()
+
+    def open_study(self):
+        """The study (created on first use), and its storage."""
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        try:
+            storage = open_storage(self.storage_url)
+        except Exception as error:
+            raise SweepError(
+                f"cannot open the storage {shown(self.storage_url)}:"
+                f" {type(error).__name__}: {error}"
+            ) from error
+        study = optuna.create_study(
+            storage=storage,
+            study_name=self.name,
+            direction=self.direction,
+            sampler=self.sampler(),
+            pruner=self.pruner(),
+            load_if_exists=True,
+        )
+        if study.direction.name.lower() != self.direction:
+            raise SweepError(
+                f"the study '{self.name}' in {shown(self.storage_url)} goes the other way"
+                f" ({study.direction.name.lower()}) than {self.monitor} ({self.direction});"
+                " pick another --study"
+            )
+        return study, storage
+
+    def record_setup(self, study) -> None:
+        """Keep what the study measures in it; say so when a rerun measures otherwise."""
+        from optuna.distributions import distribution_to_json
+
+        setup = {
+            "monitor": self.monitor,
+            "fit_args": self.fit_args,
+            "space": {name: distribution_to_json(d) for name, d in self.space.items()},
+        }
+        if "monitor" not in study.user_attrs:
+            for key, value in setup.items():
+                study.set_user_attr(key, value)
+            return
+        changed = [key for key, value in setup.items() if study.user_attrs.get(key) != value]
+        if changed:
+            self.say(
+                f"warning: the study '{self.name}' was started with other {', '.join(changed)}"
+                " than this command's; its earlier scores may not compare with new ones"
+            )
+
+    # One worker ---------------------------------------------------------------
+
+    def work(self, worker: int = 0, study=None) -> int:
+        """Run trials until the study has enough; returns the exit code. A worker
+        process opens the study itself (its own connection); else pass it."""
+        self.worker = worker
+        previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            if study is None:
+                study, _ = self.open_study()
+            failures = 0
+            while self.wants_more(study):
+                failed = self.run_trial(study)
+                failures = failures + 1 if failed else 0
+                if failures >= FAILURES_IN_A_ROW:
+                    self.say(f"stopping: {failures} trials in a row failed (errors above)")
+                    return 1
+                if STOP.signum is not None:
+                    raise Interrupted(STOP.signum)
+            return 0
+        except Interrupted as stop:
+            self.say(
+                f"stopped by {stop}: the trial it interrupted is marked FAIL and its flags"
+                " will be tried again; run the same command to continue the study"
+            )
+            return stop.code
+        except SweepError as error:
+            self.say(f"error: {error}")
+            return 1
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    def wants_more(self, study) -> bool:
+        from optuna.trial import TrialState
+
+        self.fail_dead_trials(study)
+        counted = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+        if len(study.get_trials(deepcopy=False, states=counted)) >= self.options.trials:
+            return False
+        if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            return True
+        if self.options.sampler == "grid" and study.sampler.is_exhausted(study):
+            self.say("the grid is done: every combination has been tried")
+            return False
+        return True
+
+    def fail_dead_trials(self, study, now: float | None = None) -> None:
+        """Mark FAIL the running trials whose process is gone, and queue their flags again."""
+        from optuna.trial import TrialState
+
+        host = socket.gethostname()
+        now = time.time() if now is None else now
+        for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            attrs = trial.user_attrs
+            started = trial.datetime_start.timestamp() if trial.datetime_start else now
+            alive_at = float(attrs.get("alive_at", 0.0))
+            claimed = alive_at >= started  # (a retry starts with its failed trial's attrs)
+            if claimed and attrs.get("host") == host:
+                dead = not process_alive(int(attrs["pid"]), attrs.get("pid_start"))
+                why = f"its process ({attrs['pid']}) ended"
+            else:
+                dead = now - max(alive_at, started) > STALE_AFTER_S
+                why = f"its worker on {attrs.get('host', '?')} has not been heard from"
+            if not dead:
+                continue
+            try:
+                study.tell(trial.number, state=TrialState.FAIL)
+            except (RuntimeError, ValueError):  # another worker got there first
+                continue
+            self.say(f"trial {trial.number} marked FAIL: {why} before it finished")
+            self.retry(study, trial.number)
+
+    def retry(self, study, number: int) -> None:
+        """Queue the flags of the failed trial `number` again (they did not fail it)."""
+        import optuna
+        from optuna.trial import TrialState
+
+        (failed,) = [t for t in study.get_trials(deepcopy=False) if t.number == number]
+        retries = int(failed.user_attrs.get("retries", 0))
+        if retries >= RETRIES:
+            self.say(f"trial {number}: its flags were tried {retries + 1} times; not again")
+            return
+        attrs = {**failed.user_attrs, "retry_of": number, "retries": retries + 1}
+        study.add_trial(
+            optuna.create_trial(
+                state=TrialState.WAITING,
+                params=failed.params,
+                distributions=failed.distributions,
+                user_attrs=attrs,
+                intermediate_values=failed.intermediate_values,
+            )
+        )
+
+    def run_trial(self, study) -> bool:
+        """Ask for a trial, fit it, tell the study how it went; True if it failed."""
+        import optuna
+        from optuna.trial import TrialState
+
+        from {{ cookiecutter.package_name }}.kit.hints import explain
+        from {{ cookiecutter.package_name }}.kit.trial import fit_trial
+
+        trial = study.ask()
+        pid = os.getpid()
+        for key, value in {
+            "host": socket.gethostname(),
+            "pid": pid,
+            "pid_start": process_start(pid),
+            "worker": self.worker,
+            "alive_at": time.time(),
+        }.items():
+            trial.set_user_attr(key, value)
+        values = suggest(trial, self.space)
+        flags = as_flags(values)
+        retry_of = trial.user_attrs.get("retry_of")
+        resume = trial.user_attrs.get("run") if retry_of is not None else None
+        again = f" (trial {retry_of} again, continuing {resume})" if resume else ""
+        self.say(f"trial {trial.number}: {' '.join(flags) or '(no flags)'}{again}")
+        beat = Heartbeat(trial)
+        value, state, error = None, TrialState.COMPLETE, None
+        try:
+            value = fit_trial(trial, TRIAL_DEFAULTS + self.fit_args + flags, self.folder, resume)
+        except optuna.TrialPruned:
+            state = TrialState.PRUNED
+        except (Interrupted, SweepError) as stop:
+            state, error = TrialState.FAIL, stop
+        except Exception as failure:
+            state = TrialState.FAIL
+            traceback.print_exc()
+            hint = explain(failure)
+            if hint:
+                print(hint, file=sys.stderr)
+            self.say(f"trial {trial.number} failed: {type(failure).__name__}: {failure}")
+        finally:
+            beat.stop()
+        try:
+            if state == TrialState.COMPLETE:
+                frozen = study.tell(trial, value)
+            else:  # a pruned trial's value is its last reported one
+                frozen = study.tell(trial, state=state)
+        except (RuntimeError, ValueError) as refused:  # another worker took it for dead
+            self.say(f"trial {trial.number}: its result could not be recorded: {refused}")
+            if error is not None:
+                raise error from refused
+            return True
+        if isinstance(error, Interrupted):
+            self.retry(study, trial.number)
+        if error is not None:
+            raise error
+        self.say(f"trial {trial.number} {frozen.state.name}: {self.describe(frozen)}")
+        return state == TrialState.FAIL
+
+    def describe(self, trial) -> str:
+        value = "-" if trial.value is None else f"{trial.value:.6g}"
+        epochs = len(trial.intermediate_values)
+        run = trial.user_attrs.get("run", "-")
+        return f"{self.monitor}={value} after {epochs} validation(s), run {run}"
+
+    # Several workers ----------------------------------------------------------
+
+    def run_workers(self) -> int:
+        """`--workers N`: N processes, each with its own GPU (or share of the CPUs)."""
+        workers = self.options.workers
+        gpus = visible_gpus()
+        shares = cpu_shares(workers)
+        context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
+        processes = [
+            context.Process(
+                target=_worker_main,
+                args=(self, index, gpus[index % len(gpus)] if gpus else None, shares[index]),
+                name=f"sweep-worker-{index}",
+            )
+            for index in range(workers)
+        ]
+        if gpus and workers > len(gpus):
+            self.say(f"{workers} workers share {len(gpus)} GPU(s)")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for process in processes:
+            process.start()
+
+        def forward(signum, frame) -> None:
+            STOP.signum = signum
+            if signum == signal.SIGTERM:  # (Ctrl-C reaches every process of the terminal)
+                for process in processes:
+                    if process.pid is not None and process.exitcode is None:
+                        os.kill(process.pid, signum)
+
+        previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            for process in processes:
+                while process.exitcode is None:
+                    process.join(timeout=1.0)
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+        # A worker killed by a signal exits -N: as a shell says it, 128 + N.
+        codes = [128 - code if code < 0 else code for code in (p.exitcode for p in processes)]
+        stopped = [code for code in codes if code > 128]
+        if stopped or STOP.signum is not None:
+            return stopped[0] if stopped else 128 + STOP.signum
+        return max(codes, key=abs)
+
+    # The results ----------------------------------------------------------------
+
+    def report(self, study) -> bool:
+        """Print the table; write trials.csv, best.yaml and the plots; False if none completed."""
+        from optuna.trial import TrialState
+
+        trials = study.get_trials(deepcopy=False)
+        names = list(self.space) + sorted(
+            {name for t in trials for name in t.params} - set(self.space)
+        )
+        header = ["#", "state", self.monitor, "epochs", *names, "run", "note"]
+        again = {t.user_attrs["retry_of"]: t.number for t in trials if "retry_of" in t.user_attrs}
+        rows = [self.row(trial, names, again.get(trial.number)) for trial in trials]
+        print(table(header, rows))
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with open(self.folder / "trials.csv", "w", newline="") as file:
+            csv.writer(file).writerows([header, *rows])
+        complete = [t for t in trials if t.state == TrialState.COMPLETE]
+        self.say(
+            f"study '{self.name}' ({shown(self.storage_url)}): {len(complete)} complete,"
+            f" {sum(t.state == TrialState.PRUNED for t in trials)} pruned,"
+            f" {sum(t.state == TrialState.FAIL for t in trials)} failed; table in"
+            f" {self.folder / 'trials.csv'}"
+        )
+        if not complete:
+            self.say("no trial has completed yet: no best config")
+            return False
+        best = study.best_trial
+        path = self.folder / "best.yaml"
+        flags = " ".join(as_flags(best.params))
+        path.write_text(
+            f"# The best trial of the study '{self.name}': #{best.number},"
+            f" {self.monitor} = {best.value:.6g} ({self.direction}).\n"
+            f"# Its flags: {flags}\n"
+            f"# Train it again: {SLUG} fit --config {path.as_posix()}\n"
+            + best.user_attrs.get("config", "")
+        )
+        self.say(f"best: trial {best.number}, {self.monitor} = {best.value:.6g}: {flags}")
+        self.say(f"its config: {path} (train it again: {SLUG} fit --config {path.as_posix()})")
+        self.plot(study)
+        return True
+
+    def row(self, trial, names: list[str], tried_again: int | None) -> list[str]:
+        value = "" if trial.value is None else f"{trial.value:.6g}"
+        params = [
+            "" if name not in trial.params else flag_value(round_float(trial.params[name]))
+            for name in names
+        ]
+        note = []
+        if trial.user_attrs.get("retry_of") is not None:
+            note.append(f"#{trial.user_attrs['retry_of']} again")
+        if tried_again is not None:
+            note.append(f"tried again as #{tried_again}")
+        return [
+            str(trial.number),
+            trial.state.name,
+            value,
+            str(len(trial.intermediate_values)),
+            *params,
+            str(trial.user_attrs.get("run", "")),
+            "; ".join(note),
+        ]
+
+    def plot(self, study) -> None:
+        """history.png and importance.png in the study's directory (needs matplotlib)."""
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+            from optuna.visualization import matplotlib as plots
+        except ImportError as error:
+            self.say(f"no plots: {error} (pip install matplotlib)")
+            return
+        drawings = {
+            "history.png": plots.plot_optimization_history,
+            "importance.png": plots.plot_param_importances,
+        }
+        written = []
+        for filename, draw in drawings.items():
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # the matplotlib plots are "experimental"
+                    axes = draw(study, target_name=self.monitor)
+                axes.figure.savefig(self.folder / filename, dpi=120, bbox_inches="tight")
+                plt.close(axes.figure)
+                written.append(str(self.folder / filename))
+            except Exception as error:  # e.g. importance needs two complete trials
+                self.say(f"no {filename}: {error}")
+        if written:
+            self.say(f"plots: {', '.join(written)}")
+
+
+def round_float(value: Any) -> Any:
+    return float(f"{value:.6g}") if isinstance(value, float) and math.isfinite(value) else value
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
+    lines = [header, ["-" * width for width in widths], *rows]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        for line in lines
+    )
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them (no CUDA context made)."""
+    from lightning.fabric.accelerators.cuda import num_cuda_devices
+
+    count = num_cuda_devices()
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    names = [name.strip() for name in listed.split(",")] if listed else []
+    return names[:count] if names else [str(index) for index in range(count)]
+
+
+def cpu_shares(workers: int) -> list[set[int] | None]:
+    """Disjoint sets of this process's CPUs, one per worker (None where it cannot be set)."""
+    if workers == 1 or not hasattr(os, "sched_getaffinity"):
+        return [None] * workers
+    cpus = sorted(os.sched_getaffinity(0))
+    return [set(cpus[index::workers]) or {cpus[index % len(cpus)]} for index in range(workers)]
+
+
+def use_devices(gpu: str | None, cpus: set[int] | None) -> None:
+    """Confine this process (before it touches CUDA) to one GPU and its share of the CPUs."""
+    if gpu is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+    if cpus is not None:
+        import torch
+
+        os.sched_setaffinity(0, cpus)
+        torch.set_num_threads(len(cpus))
+
+
+def _worker_main(sweep: Sweep, index: int, gpu: str | None, cpus: set[int] | None) -> None:
+    use_devices(gpu, cpus)
+    sys.exit(sweep.work(index))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The sweep command; returns the exit code (2: a bad space or option, 130/143: stopped)."""
+    options, fit_args = parse(sys.argv[1:] if argv is None else argv)
+    try:
+        import optuna  # noqa: F401
+        import optuna_integration  # noqa: F401
+    except ImportError as error:
+        print(
+            f"error: sweep needs Optuna ({error.name} is missing):"
+            ' pip install -e ".[sweep]" (the [dev] extra includes it)',
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        sweep = Sweep(options, fit_args)
+        study, storage = sweep.open_study()
+        sweep.record_setup(study)
+    except SweepError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    done = len([t for t in study.get_trials(deepcopy=False) if t.state.is_finished()])
+    sweep.say(
+        f"study '{sweep.name}' in {shown(sweep.storage_url)}: {sweep.monitor} ({sweep.direction}),"
+        f" {done} trial(s) finished, up to {options.trials}; sampler {options.sampler},"
+        f" pruner {options.pruner}, {options.workers} worker(s); runs in {sweep.folder}/"
+    )
+    if options.workers > 1:
+        close_storage(storage)
+        code = sweep.run_workers()
+    else:
+        gpus = visible_gpus()
+        if len(gpus) > 1:
+            sweep.say(f"each trial runs on one GPU: --workers {len(gpus)} uses all {len(gpus)}")
+        use_devices(gpus[0] if gpus else None, None)
+        code = sweep.work(study=study)
+    completed = sweep.report(study)
+    return code if code or completed else 1

@@ -1,0 +1,308 @@
+"""The sweep: an Optuna study whose trials are real fits of the project, pruned on
+the monitored metric, that survives a kill and shares its storage between workers.
+
+Kit test: it runs whatever model and data `project.py` names. The studies here
+search flags every project has (the seed, the Trainer's share of training
+batches and its epochs), read the metric and its direction from project.py,
+and train one to three short epochs a trial.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from conftest import (
+    SRC,
+    best_score,
+    fork_cli,
+    load_checkpoint,
+    run_forked,
+    shared,
+    wait_for,
+)
+from optuna.trial import FixedTrial, TrialState
+
+from {{ cookiecutter.package_name }}.__main__ import main as command
+from {{ cookiecutter.package_name }}.kit.cli import main
+from {{ cookiecutter.package_name }}.kit.sweep import (
+    STALE_AFTER_S,
+    Sweep,
+    SweepError,
+    as_flags,
+    grid_of,
+    parse,
+    read_space,
+    suggest,
+)
+from {{ cookiecutter.package_name }}.project import MODE
+
+# Flags of every project: which batches, how many, in what order.
+SPACE = {
+    "seed_everything": {"type": "int", "low": 0, "high": 1000},
+    "trainer.limit_train_batches": {"type": "float", "low": 0.1, "high": 0.2, "log": True},
+}
+# A few batches a trial: the sweep is under test here, not the model.
+FEW_BATCHES = ["--trainer.limit_val_batches=2", "--trainer.num_sanity_val_steps=0"]
+INSTRUMENTS = "--trainer.callbacks+=instruments.Instruments"
+COMPLETE, PRUNED, FAIL, RUNNING = (
+    TrialState.COMPLETE,
+    TrialState.PRUNED,
+    TrialState.FAIL,
+    TrialState.RUNNING,
+)
+
+
+def write_space(folder: Path, space: dict) -> Path:
+    path = folder / "space.yaml"
+    path.write_text(yaml.safe_dump(space, sort_keys=False))
+    return path
+
+
+def study_in(folder: Path, name: str = "space") -> optuna.Study:
+    """The study a sweep in `folder` made in its default storage."""
+    storage = f"sqlite:///{folder / 'sweeps' / name / 'study.db'}"
+    return optuna.load_study(study_name=name, storage=storage)
+
+
+def test_a_space_file_gives_each_flag_its_distribution(tmp_path):
+    path = write_space(
+        tmp_path,
+        {
+            "--model.lr": {"type": "float", "low": "1e-4", "high": 0.1, "log": True},
+            "data.batch_size": {"type": "categorical", "choices": [32, 64]},
+            "trainer.max_epochs": {"type": "int", "low": 2, "high": 10, "step": 2},
+            "trainer.deterministic": {"type": "categorical", "choices": [True, None]},
+        },
+    )
+    space = read_space(path)
+    assert space["model.lr"].log and space["model.lr"].low == 1e-4  # the dashes are optional
+    chosen = {
+        "model.lr": 0.001,
+        "data.batch_size": 64,
+        "trainer.max_epochs": 4,
+        "trainer.deterministic": None,
+    }
+    assert as_flags(suggest(FixedTrial(chosen), space)) == [
+        "--model.lr=0.001",
+        "--data.batch_size=64",
+        "--trainer.max_epochs=4",
+        "--trainer.deterministic=null",
+    ]
+    stepped = {name: dist for name, dist in space.items() if name != "model.lr"}
+    assert grid_of(stepped)["trainer.max_epochs"] == [2, 4, 6, 8, 10]
+    with pytest.raises(SweepError, match="model.lr is a continuous or log-scale range"):
+        grid_of(space)
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"type": "uniform", "low": 0, "high": 1}, "needs `type:` float, int or categorical"),
+        ({"type": "float", "low": 0.1}, "a float needs `high:`"),
+        ({"type": "float", "low": 0.0, "high": 1.0, "log": True}, "model.dropout: "),
+        ({"type": "int", "low": 1, "high": 4, "choices": [1]}, "unknown choices"),
+        ({"type": "categorical", "choices": []}, "must be a list of values"),
+    ],
+)
+def test_a_bad_space_entry_is_refused_by_name(tmp_path, entry, message):
+    path = write_space(tmp_path, {"model.dropout": entry})
+    with pytest.raises(SweepError, match=message) as refused:
+        read_space(path)
+    assert str(path) in str(refused.value)
+
+
+def test_sweep_options_and_fit_flags_are_told_apart():
+    options, fit_args = parse(
+        ["--trials", "5", "--workers=2", "--", "--config", "c.yaml", "--trainer.max_epochs", "3"]
+    )
+    assert (options.trials, options.workers, options.sampler) == (5, 2, "tpe")
+    assert fit_args == ["--config", "c.yaml", "--trainer.max_epochs", "3"]
+    _, fit_args = parse(["--trainer.max_epochs=3", "--trials=2", "--", "--config", "c.yaml"])
+    assert fit_args == ["--trainer.max_epochs=3", "--config", "c.yaml"]
+    with pytest.raises(SystemExit) as refused:
+        parse(["--pruner", "threshold"])
+    assert refused.value.code == 2
+
+
+def test_sweep_is_listed_and_its_help_needs_no_lightning(capsys):
+    assert command(["--help"]) == 0
+    assert "  sweep " in capsys.readouterr().out
+    code = (
+        "import sys\n"
+        "from {{ cookiecutter.package_name }}.__main__ import main\n"
+        "try:\n"
+        "    main(['sweep', '--help'])\n"
+        "except SystemExit as stop:\n"
+        "    assert stop.code == 0, stop.code\n"
+        "loaded = {m.split('.')[0] for m in sys.modules}\n"
+        "assert not loaded & {'lightning', 'torch', 'optuna'}, loaded\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert "--workers" in result.stdout and "--storage" in result.stdout
+
+
+@pytest.mark.parametrize("storage", [[], ["--storage=journal.log"]], ids=["sqlite", "journal"])
+def test_a_silent_trial_of_another_machine_is_failed_and_queued_again(workdir, storage):
+    """A trial whose worker wrote its heartbeat lately is left alone; one not heard from
+    for STALE_AFTER_S is marked FAIL, and its flags wait for the next worker."""
+    options, fit_args = parse([f"--space={write_space(workdir, SPACE)}", *storage])
+    sweep = Sweep(options, fit_args)
+    study, _ = sweep.open_study()
+    now = time.time() + STALE_AFTER_S + 60  # some minutes from now
+    for name, heard in (("live", now - 10), ("silent", now - STALE_AFTER_S - 10)):
+        trial = study.ask()
+        trial.suggest_int("seed_everything", 0, 1000)
+        trial.set_user_attr("host", f"{name}-machine")
+        trial.set_user_attr("alive_at", heard)
+        trial.set_user_attr("run", f"sweeps/{name}")
+    sweep.fail_dead_trials(study, now=now)
+    live, silent, again = study.get_trials()
+    assert (live.state, silent.state, again.state) == (RUNNING, FAIL, TrialState.WAITING)
+    assert again.params == silent.params and again.user_attrs["retry_of"] == silent.number
+    assert again.user_attrs["run"] == "sweeps/silent"
+
+
+# A bar no model clears: each trial still running after its warm-up validation is pruned.
+IMPOSSIBLE = 1e30 if MODE == "max" else -1e30
+
+
+def _short_sweep(folder: Path) -> None:
+    """Every combination of one or three epochs and two seeds: under a threshold no model
+    reaches, with a warm-up of one validation, the one-epoch trials complete and the
+    three-epoch trials are pruned after their second validation, whatever the model."""
+    space = write_space(
+        folder,
+        {
+            "trainer.max_epochs": {"type": "categorical", "choices": [1, 3]},
+            "seed_everything": {"type": "categorical", "choices": [0, 1]},
+        },
+    )
+    result = run_forked(
+        "sweep",
+        f"--space={space}",
+        "--sampler=grid",
+        "--pruner=threshold",
+        f"--threshold={IMPOSSIBLE}",
+        "--warmup-epochs=1",
+        "--",
+        "--trainer.limit_train_batches=2",
+        "--trainer.deterministic=true",  # so that the best config trains to the same score
+        *FEW_BATCHES,
+        cwd=folder,
+    )
+    (folder / "output.txt").write_text(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def short_sweep(request, tmp_path_factory) -> Path:
+    return shared(request, tmp_path_factory, "short-sweep", _short_sweep)
+
+
+@pytest.mark.slow
+def test_a_short_sweep_completes_prunes_and_reports(short_sweep):
+    trials = study_in(short_sweep).get_trials()
+    by_epochs = {e: [t for t in trials if t.params["trainer.max_epochs"] == e] for e in (1, 3)}
+    assert [t.state for t in by_epochs[1]] == [COMPLETE, COMPLETE]
+    assert [t.state for t in by_epochs[3]] == [PRUNED, PRUNED]
+    for trial in by_epochs[3]:  # stopped at its second validation: the third epoch never ran
+        assert sorted(trial.intermediate_values) == [0, 1]
+        run = short_sweep / trial.user_attrs["run"]
+        assert load_checkpoint(run / "checkpoints" / "last.ckpt")["epoch"] <= 1
+    for trial in trials:  # each a run of its own, in the study's directory
+        run = Path(trial.user_attrs["run"])
+        assert run.parts[:2] == ("sweeps", "space")
+        assert (short_sweep / run / "config.yaml").is_file()
+    assert len({t.user_attrs["run"] for t in trials}) == 4
+    for trial in by_epochs[1]:  # its score: the best checkpoint's
+        (best,) = (short_sweep / trial.user_attrs["run"] / "checkpoints").glob("best-*.ckpt")
+        assert best_score(load_checkpoint(best)) == pytest.approx(trial.value)
+
+    printed = (short_sweep / "output.txt").read_text()
+    table = printed[printed.index("#  state") :]
+    assert table.count("COMPLETE") == 2 and table.count("PRUNED") == 2
+    folder = short_sweep / "sweeps" / "space"
+    for name in ("best.yaml", "trials.csv", "history.png", "importance.png"):
+        assert (folder / name).stat().st_size > 0, name
+    assert (folder / "history.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_the_best_config_trains_to_the_best_score_again(short_sweep, workdir):
+    study = study_in(short_sweep)
+    best = short_sweep / "sweeps" / "space" / "best.yaml"
+    config = yaml.safe_load(best.read_text())
+    assert config["seed_everything"] == study.best_params["seed_everything"]
+    cli = main(["fit", f"--config={best}"])
+    score = float(cli.trainer.checkpoint_callback.best_model_score)
+    assert score == pytest.approx(study.best_value, abs=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_a_stopped_sweep_continues_its_study(workdir, stop):
+    """Stopped in its second trial, one epoch in: the same command keeps the first trial,
+    marks the second FAIL and runs its flags again, continuing its run."""
+    space = write_space(workdir, SPACE)
+    args = ("sweep", f"--space={space}", "--trials=2", "--", "--trainer.max_epochs=2", *FEW_BATCHES)
+    args += (INSTRUMENTS,)
+    marker = workdir / "paused"
+    pause = {"INSTRUMENTS_PAUSE_EPOCH": "1", "INSTRUMENTS_PAUSE_FIT": "1"}
+    first = fork_cli(*args, cwd=workdir, env={**pause, "INSTRUMENTS_PAUSE_MARKER": str(marker)})
+    wait_for(marker, first)
+    first.send_signal(stop)
+    assert first.wait() == (-stop if stop == signal.SIGKILL else 143)
+    before = study_in(workdir).get_trials()
+    if stop == signal.SIGKILL:  # nothing had the time to tell the study
+        assert [t.state for t in before] == [COMPLETE, RUNNING]
+        resumed_from = "last.ckpt"
+    else:
+        assert [t.state for t in before] == [COMPLETE, FAIL, TrialState.WAITING]
+        resumed_from = "interrupted.ckpt"
+
+    second = run_forked(*args, cwd=workdir)
+    kept, stopped, again = study_in(workdir).get_trials()
+    assert (kept.state, stopped.state, again.state) == (COMPLETE, FAIL, COMPLETE)
+    assert (kept.value, kept.datetime_complete) == (before[0].value, before[0].datetime_complete)
+    assert again.params == stopped.params and again.user_attrs["retry_of"] == stopped.number
+    run = stopped.user_attrs["run"]
+    assert again.user_attrs["run"] == run
+    assert f"Resuming from {run}/checkpoints/{resumed_from}" in second.stderr
+    assert sorted(again.intermediate_values) == [0, 1]  # its first epoch's, and its second's
+    if stop == signal.SIGKILL:
+        assert "trial 1 marked FAIL: its process" in second.stdout
+
+
+@pytest.mark.slow
+def test_two_workers_share_one_sqlite_study(workdir):
+    """Two worker processes on one SQLite file: every trial is run by one of them, in a run
+    of its own, and recorded complete; none is lost or left running."""
+    space = write_space(workdir, SPACE)
+    run_forked(
+        "sweep",
+        f"--space={space}",
+        "--workers=2",
+        "--trials=4",
+        "--pruner=none",
+        "--",
+        "--trainer.max_epochs=1",
+        *FEW_BATCHES,
+        cwd=workdir,
+    )
+    trials = study_in(workdir).get_trials()
+    assert len(trials) >= 4 and all(t.state == COMPLETE for t in trials), trials
+    assert {t.user_attrs["worker"] for t in trials} == {0, 1}
+    assert len({t.user_attrs["pid"] for t in trials}) == 2
+    runs = [t.user_attrs["run"] for t in trials]
+    assert len(set(runs)) == len(trials)
+    assert all((workdir / run / "config.yaml").is_file() for run in runs)
+    assert all(len(t.intermediate_values) == 1 for t in trials)  # MONITOR, reported once
