@@ -90,7 +90,7 @@ def test_post_gen_prints_the_next_steps(tmp_path, capfd):
 # hook runs; the message names the value, the variable and the allowed values.
 BAD_CHOICES = [
     ({"example": "mnist"}, "mnist provided for choice variable example, but the choices are"),
-    ({"logger": "wandb"}, "wandb provided for choice variable logger"),
+    ({"logger": "comet"}, "comet provided for choice variable logger"),
     ({"license": "GPL"}, "GPL provided for choice variable license"),
     ({"cluster": "maybe"}, "maybe provided for variable cluster could not be converted"),
     ({"python_version": "3.8"}, "3.8 provided for choice variable python_version"),

@@ -31,6 +31,12 @@ SUITES = {
         {"logger": "mlflow"},
         ["tests/test_cli.py", "tests/test_ddp.py", SIGKILL, STOPPED_SWEEP],
     ),
+    # W&B offline: its runs, records and continued runs (a quick test of each
+    # kit file runs in the renders above).
+    "digits-wandb": (
+        {"logger": "wandb", "cluster": False, "ci": False},
+        ["tests/test_cli.py", "tests/test_runs.py", "tests/test_checkpoints.py", SIGKILL],
+    ),
 }
 
 

@@ -62,6 +62,9 @@ class Instruments(Callback):
     def on_fit_start(self, trainer, pl_module) -> None:
         self.fit_index = FITS_STARTED[0]
         FITS_STARTED[0] += 1
+        saves = os.environ.get("INSTRUMENTS_KILL_SAVE")
+        if saves:
+            kill_during_save(int(saves))
 
     def _record(self, trainer, pl_module, event: str) -> None:
         prefix = os.environ.get("INSTRUMENTS_RECORD")
@@ -82,11 +85,6 @@ class Instruments(Callback):
         }
         with open(f"{prefix}-rank{trainer.global_rank}.jsonl", "a") as file:
             file.write(json.dumps(record, default=repr) + "\n")
-
-    def on_fit_start(self, trainer, pl_module) -> None:
-        saves = os.environ.get("INSTRUMENTS_KILL_SAVE")
-        if saves:
-            kill_during_save(int(saves))
 
     def on_train_start(self, trainer, pl_module) -> None:
         # After a resume: what was restored, before any step of this run.
@@ -178,10 +176,10 @@ def run_command(args: list[str], cwd: str, env: dict, output: str) -> None:
     sys.exit(code)
 
 
-def claim_together(barrier, logger: dict, results) -> None:
+def claim_together(package: str, barrier, logger: dict, results) -> None:
     """Wait for the other processes at `barrier`, then claim a run directory (a race)."""
     from importlib import import_module
 
-    claim_new_run = import_module(f"{os.environ['INSTRUMENTS_PACKAGE']}.kit.runs").claim_new_run
+    claim_new_run = import_module(f"{package}.kit.runs").claim_new_run
     barrier.wait()
     results.put(str(claim_new_run(logger)))

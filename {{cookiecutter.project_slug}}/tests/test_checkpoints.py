@@ -124,7 +124,9 @@ def test_resume_skips_a_damaged_newest_checkpoint_and_says_why(trained_checkpoin
     os.utime(best, (1, 1))  # older than the damaged last.ckpt
     resumed = run_forked("fit", "--ckpt_path=last", "--trainer.max_epochs=3", cwd=workdir)
     inside = f"{run.name}/checkpoints/"
-    assert re.search(rf"Skipping \S*{inside}last.ckpt: checkpoint '\S*{inside}last.ckpt'", resumed.stderr)
+    assert re.search(
+        rf"Skipping \S*{inside}last.ckpt: checkpoint '\S*{inside}last.ckpt'", resumed.stderr
+    )
     assert "is truncated or not a PyTorch checkpoint" in resumed.stderr
     assert re.search(rf"Resuming from \S*{inside}{best.name}", resumed.stderr)
     assert load_checkpoint(last)["epoch"] == 2 and run_dirs(workdir) == [run]

@@ -133,7 +133,6 @@ def fake_srun_env(tmp_path: Path, **slurm: str) -> dict:
     }
 
 
-
 def srun_words(folder: Path, **env: str) -> list[str]:
     """Run the script as SLURM would, with `srun` replaced by a recorder; what srun got."""
     options = sbatch_options()

@@ -6,7 +6,6 @@ Kit test: it runs whatever model and data `project.py` names.
 
 import functools
 import logging
-import os
 import shutil
 
 import instruments
@@ -83,14 +82,15 @@ def test_a_continued_run_keeps_its_earlier_metrics(trained_checkpoint, workdir):
 def test_runs_racing_for_a_run_directory_each_get_their_own(tmp_path):
     """Eight processes released at one barrier claim run directories, five times over."""
     context = forkserver()
-    os.environ["INSTRUMENTS_PACKAGE"] = PACKAGE
     init = {"save_dir": str(tmp_path), "name": "logs", "version": None}
     logger = {"class_path": "any.Logger", "init_args": init}
     claimed = []
     for _ in range(5):
         barrier, results = context.Barrier(8), context.Queue()
         processes = [
-            context.Process(target=instruments.claim_together, args=(barrier, logger, results))
+            context.Process(
+                target=instruments.claim_together, args=(PACKAGE, barrier, logger, results)
+            )
             for _ in range(8)
         ]
         for process in processes:

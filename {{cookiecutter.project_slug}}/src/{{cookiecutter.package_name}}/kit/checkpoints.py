@@ -75,7 +75,7 @@ def _fsync_directory(directory: Path) -> None:
         os.close(handle)
 
 
-def atomic_save(obj: Any, path: str | Path, save: Callable[[Any, Any], Any] = torch.save) -> Path:
+def atomic_save(obj: Any, path: str | Path, save: Callable[[Any, Any], Any] | None = None) -> Path:
     """`save(obj, file)` (by default torch.save) to `path`, whole or not at all.
 
     The bytes go to a temporary file beside `path` (so the rename is atomic
@@ -93,7 +93,7 @@ def atomic_save(obj: Any, path: str | Path, save: Callable[[Any, Any], Any] = to
         raise CheckpointSaveError(_save_failure(path, error)) from error
     try:
         with os.fdopen(handle, "wb") as file:
-            save(obj, file)
+            (save or torch.save)(obj, file)
             file.flush()
             os.fsync(file.fileno())
         os.replace(temporary, path)
@@ -248,6 +248,16 @@ class BestAndLast(ModelCheckpoint):
     and a resume would redo it. Here `last` is always the latest state.
     """
 
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # A run continued from another path (the project moved, another mount,
+        # a relative save_dir become absolute) is still the same run: Lightning
+        # would forget its best and last checkpoints and write `last-v1.ckpt`.
+        stored, current = state_dict.get("dirpath"), self.dirpath
+        if stored and current and stored != current:
+            if Path(stored).parts[-3:] == Path(current).parts[-3:]:
+                state_dict = _moved(state_dict, str(stored), str(current))
+        super().load_state_dict(state_dict)
+
     def _save_last_regardless(self, trainer: Trainer) -> None:
         if self.save_last and not self._should_skip_saving_checkpoint(trainer):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
@@ -261,6 +271,21 @@ class BestAndLast(ModelCheckpoint):
         super().on_validation_end(trainer, pl_module)
         if not self._should_save_on_train_epoch_end(trainer):
             self._save_last_regardless(trainer)
+
+
+def _moved(state_dict: dict[str, Any], old: str, new: str) -> dict[str, Any]:
+    """ModelCheckpoint's state with the paths under `old` moved under `new`."""
+
+    def move(path: Any) -> Any:
+        if isinstance(path, str) and path.startswith(old):
+            return new + path[len(old) :]
+        return path
+
+    moved = {key: move(value) for key, value in state_dict.items()}
+    moved["best_k_models"] = {
+        move(path): score for path, score in state_dict.get("best_k_models", {}).items()
+    }
+    return moved
 
 
 class InterruptCheckpoint(Callback):

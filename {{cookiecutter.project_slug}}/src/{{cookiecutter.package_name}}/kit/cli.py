@@ -56,6 +56,7 @@ from {{ cookiecutter.package_name }}.kit.runs import (
     claim_new_run,
     continue_run,
     discard_run,
+    end_open_runs,
     is_first_process,
     run_directory,
     run_of_checkpoint,
@@ -348,6 +349,7 @@ def main(
     to the Trainer's own (objects that a config cannot name, like the sweep's
     pruning callback, which holds its trial); `cli_class` builds the CLI.
     """
+    end_open_runs()
     trainer_defaults = dict(TRAINER_DEFAULTS)
     if callbacks:
         trainer_defaults["callbacks"] = list(callbacks)

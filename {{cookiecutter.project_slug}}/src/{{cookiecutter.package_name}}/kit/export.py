@@ -455,8 +455,6 @@ def onnx_runner(data: bytes) -> Callable[[tuple], list[torch.Tensor]]:
     return run
 
 
-
-
 def rebuild(exported: dict[str, Any]) -> nn.Module:
     """A fresh, untrained network of the kind `exported` holds."""
     module = build_module(module_class(exported["module"]), exported["hyper_parameters"])

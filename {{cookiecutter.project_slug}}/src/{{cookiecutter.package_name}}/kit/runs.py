@@ -13,6 +13,7 @@ evaluation sits beside its training curves.
 import csv
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +83,8 @@ def continue_run(logger: Any, run: Path) -> bool:
 
 def place_new_runs(logger: Any, folder: Path) -> bool:
     """Point the configured logger's new runs into `folder`: `<folder>/trials/version_N`
-    under TensorBoard or CSV, a store of their own in `<folder>/mlruns` under MLflow.
+    under TensorBoard or CSV, `<folder>/trials/<run id>` under W&B (its records in
+    `<folder>/wandb`), a store of their own in `<folder>/mlruns` under MLflow.
     False (and nothing changed) for a logger whose runs are not directories here."""
     init = _init_args(logger)
     if init is None:
@@ -92,6 +94,11 @@ def place_new_runs(logger: Any, folder: Path) -> bool:
             return False
         init["save_dir"] = str((folder / "mlruns").absolute())
         init["run_id"] = None
+        return True
+    if _is_wandb(init):
+        init["save_dir"] = str(folder.absolute())
+        init["project"] = "trials"
+        init["id"] = init["version"] = None
         return True
     if "save_dir" in init and "name" in init and "version" in init:
         init["save_dir"] = str(folder)
@@ -159,12 +166,50 @@ def claim_new_run(logger: Any) -> Path | None:
 
 
 def discard_run(run: Path) -> None:
-    """Delete a run directory, and the logger's folder above it if that is left empty."""
+    """Delete a run directory, and the logger's folder above it if that is left empty.
+
+    In an MLflow store (`<store>/<experiment>/<run>`, the experiment's folder holding
+    a meta.yaml) "empty" means without runs: the experiment goes when it has no other
+    run, and the store when none of its experiments has one.
+    """
     shutil.rmtree(run, ignore_errors=True)
+    experiment = run.parent
+    records = experiment.parent / "wandb"
+    if records.is_dir():  # W&B: its own record of the run, `<save_dir>/wandb/*-<run id>`
+        for record in records.glob(f"*-{run.name}"):
+            shutil.rmtree(record, ignore_errors=True)
+        if not any(entry.is_dir() and not entry.is_symlink() for entry in records.iterdir()):
+            shutil.rmtree(records, ignore_errors=True)  # its debug logs and latest-run link
+        for folder in (experiment, experiment.parent):
+            try:
+                folder.rmdir()  # only when empty
+            except FileNotFoundError:
+                continue
+            except OSError:
+                break
+        return
+    if (experiment / "meta.yaml").is_file():
+        if _without_runs(experiment):
+            shutil.rmtree(experiment, ignore_errors=True)
+        store = experiment.parent
+        if store.is_dir() and all(
+            _without_runs(entry) for entry in store.iterdir() if entry.is_dir()
+        ):
+            shutil.rmtree(store, ignore_errors=True)
+        return
     try:
-        run.parent.rmdir()  # only when empty
+        experiment.rmdir()  # only when empty
     except OSError:
         pass
+
+
+def _without_runs(folder: Path) -> bool:
+    """An MLflow experiment's folder (or its .trash) that holds no run."""
+    return not any(entry.is_dir() and entry.name != "tags" for entry in folder.iterdir())
+
+
+def _finalized(status: str = "success") -> None:
+    """A logger's finalize once it has run."""
 
 
 class DiscardFailedStart(Callback):
@@ -188,8 +233,15 @@ class DiscardFailedStart(Callback):
         self, trainer: Trainer, pl_module: LightningModule, exception: BaseException
     ) -> None:
         trained = self._stage == "fit" and trainer.global_step > 0
-        if self._run is None or trained or not self._run.is_dir():
+        # (A W&B run's directory appears with its first checkpoint, its record at once.)
+        if self._run is None or trained:
             return
+        # Lightning finalizes the loggers after this hook; an MLflow run whose
+        # folder is gone would fail there. Finalize them now, once.
+        for logger in trainer.loggers:
+            logger.finalize("failed")
+            logger.finalize = _finalized  # type: ignore[method-assign]
+            end_logger_run(logger)
         discard_run(self._run)
         rank_zero_info(f"Removed {self._run}: the run failed before it had results")
 
@@ -199,11 +251,25 @@ class FinishRun(Callback):
     so another command in the same process could not continue it)."""
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        logger = trainer.logger
-        finish = getattr(getattr(logger, "_experiment", None), "finish", None)
-        if trainer.is_global_zero and callable(finish):
-            finish()
-            logger._experiment = None
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                end_logger_run(logger)
+
+
+def end_logger_run(logger: Any) -> None:
+    """Finish the W&B run a logger holds, if it holds one."""
+    finish = getattr(getattr(logger, "_experiment", None), "finish", None)
+    if callable(finish):
+        finish()
+        logger._experiment = None
+
+
+def end_open_runs() -> None:
+    """Finish a W&B run that an earlier command in this process left open (one that
+    failed before its teardown): W&B would give the next command's logger that run."""
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and getattr(wandb, "run", None) is not None:
+        wandb.finish()
 
 
 class _ContinuingWriter(ExperimentWriter):
