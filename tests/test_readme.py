@@ -244,8 +244,8 @@ def test_commands_are_read_from_every_bash_block():
 
 def test_every_rendered_and_template_command_has_exactly_one_rule(tmp_path):
     renders = ({}, {"logger": "mlflow"}, {"logger": "wandb"}, {"logger": "csv", "cluster": False})
-    for answers in renders:
-        readme = (render(tmp_path / str(len(answers)), **answers) / "README.md").read_text()
+    for index, answers in enumerate(renders):
+        readme = (render(tmp_path / str(index), **answers) / "README.md").read_text()
         for command in commands_of(readme):
             how(command, RENDERED_RULES)
     for command in commands_of((TEMPLATE / "README.md").read_text()):

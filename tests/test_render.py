@@ -139,7 +139,7 @@ def test_matrix_covers_every_pair_of_option_values():
         *(pairs_of(dict(zip(OPTIONS, v, strict=True))) for v in product(*OPTIONS.values()))
     )
     assert set().union(*(pairs_of(row) for row in MATRIX)) == every_pair
-    assert MATRIX[0] == DEFAULTS and len(MATRIX) <= 20
+    assert MATRIX[0] == DEFAULTS and len(MATRIX) <= 24
 
 
 def test_exact_file_set(rendered):

@@ -13,53 +13,63 @@ def passed_count(pytest_output: str) -> int:
     return int(match.group(1)) if match else 0
 
 
-# Three renders: together they run every logger, both examples, and the project
+# Four renders: together they run every logger, both examples, and the project
 # with and without its optional files. The default runs its whole suite; the
-# others every quick test and the slow ones their options change (the fit to the
-# example's target, resume into the logger's run, DDP's single run directory).
+# minimal example every quick test (another model and data); the other loggers
+# the quick tests of what a logger changes. Each then runs the slow tests its
+# options change (the fit to the example's target, resume into the logger's run,
+# DDP's single run directory, a sweep's trials).
 SIGKILL = "tests/test_faults.py::test_resume_after_sigkill_continues_from_the_last_checkpoint"
 # A sweep on a lower-is-better metric; one continued after a kill, in the logger's own runs.
 SHORT_SWEEP = "tests/test_sweep.py::test_a_short_sweep_completes_prunes_and_reports"
 STOPPED_SWEEP = "tests/test_sweep.py::test_a_stopped_sweep_continues_its_study"
+# The tests that read or write a logger's runs.
+LOGGER_TESTS = ["tests/test_cli.py", "tests/test_runs.py", "tests/test_bad_input.py"]
+EVERY = ["tests"]
 SUITES = {
-    "digits-tensorboard-every-option": ({}, []),
+    "digits-tensorboard-every-option": ({}, None, None),
     "minimal-csv-no-cluster-no-ci-no-license": (
         {"example": "minimal", "logger": "csv", "cluster": False, "ci": False, "license": "none"},
+        EVERY,
         ["tests/test_cli.py", SIGKILL, SHORT_SWEEP],
     ),
     "digits-mlflow": (
         {"logger": "mlflow"},
+        [*LOGGER_TESTS, "tests/test_checkpoints.py", "tests/test_export.py"],
         ["tests/test_cli.py", "tests/test_ddp.py", SIGKILL, STOPPED_SWEEP],
     ),
-    # W&B offline: its runs, records and continued runs (a quick test of each
-    # kit file runs in the renders above).
+    # W&B offline: its runs, records and continued runs.
     "digits-wandb": (
         {"logger": "wandb", "cluster": False, "ci": False},
-        ["tests/test_cli.py", "tests/test_runs.py", "tests/test_checkpoints.py", SIGKILL],
+        [*LOGGER_TESTS, "tests/test_checkpoints.py"],
+        [*LOGGER_TESTS, "tests/test_checkpoints.py", SIGKILL, SHORT_SWEEP],
     ),
 }
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("answers", "slow"), SUITES.values(), ids=SUITES.keys())
-def test_rendered_project_passes_its_own_test_suite(tmp_path, answers, slow):
+@pytest.mark.parametrize(("answers", "quick", "slow"), SUITES.values(), ids=SUITES.keys())
+def test_rendered_project_passes_its_own_test_suite(tmp_path, answers, quick, slow):
     project = render(tmp_path, **answers)
     env = env_without_mlflow_uri()
     # One process each: this suite's own workers already run the renders side by side.
     pytest_ = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0"]
     runs = [pytest_]
     if slow:
-        runs = [[*pytest_, "-m", "not slow"], [*pytest_, "-m", "slow", *slow]]
+        runs = [[*pytest_, "-m", "not slow", *quick], [*pytest_, "-m", "slow", *slow]]
     outputs = [run(command, cwd=project, timeout=1200, env=env).stdout for command in runs]
     output = "\n".join(outputs)
     # Every CPU test ran and passed; only the GPU ones may skip, with a reason.
     assert not re.search(r"\d+ (failed|errors?)\b", output), output[-3000:]
-    assert sum(passed_count(out) for out in outputs) >= 100, output[-3000:]
+    assert sum(passed_count(out) for out in outputs) >= (100 if quick == EVERY else 20), output[
+        -3000:
+    ]
     skipped = re.findall(r"SKIPPED \[\d+\] \S+: (.*)", output)
     if not torch.cuda.is_available():
-        # The GPU config's fast_dev_run and the GPU fit, nothing else.
+        # The GPU config's fast_dev_run (in test_cli.py) and the GPU fit, nothing else.
         gpu = ["needs a CUDA device; torch.cuda.is_available() is False"]
-        assert skipped == gpu * (1 if slow else 2)
+        expected = 2 if slow is None else int("tests/test_cli.py" in quick or quick == EVERY)
+        assert skipped == gpu * expected
 
 
 @pytest.mark.gpu
