@@ -23,6 +23,11 @@ SIGKILL = "tests/test_faults.py::test_resume_after_sigkill_continues_from_the_la
 # A sweep on a lower-is-better metric; one continued after a kill, in the logger's own runs.
 SHORT_SWEEP = "tests/test_sweep.py::test_a_short_sweep_completes_prunes_and_reports"
 STOPPED_SWEEP = "tests/test_sweep.py::test_a_stopped_sweep_continues_its_study"
+# An evaluation logged into the run it evaluates; a resume past a damaged last.ckpt.
+INTO_ITS_RUN = "tests/test_cli.py::test_validate_and_test_the_best_checkpoint_into_its_run"
+DAMAGED_NEWEST = (
+    "tests/test_checkpoints.py::test_resume_skips_a_damaged_newest_checkpoint_and_says_why"
+)
 # The tests that read or write a logger's runs.
 LOGGER_TESTS = ["tests/test_cli.py", "tests/test_runs.py", "tests/test_bad_input.py"]
 EVERY = ["tests"]
@@ -36,13 +41,13 @@ SUITES = {
     "digits-mlflow": (
         {"logger": "mlflow"},
         [*LOGGER_TESTS, "tests/test_checkpoints.py", "tests/test_export.py"],
-        ["tests/test_cli.py", "tests/test_ddp.py", SIGKILL, STOPPED_SWEEP],
+        [INTO_ITS_RUN, "tests/test_ddp.py", SIGKILL, STOPPED_SWEEP],
     ),
     # W&B offline: its runs, records and continued runs.
     "digits-wandb": (
         {"logger": "wandb", "cluster": False, "ci": False},
         [*LOGGER_TESTS, "tests/test_checkpoints.py"],
-        [*LOGGER_TESTS, "tests/test_checkpoints.py", SIGKILL, SHORT_SWEEP],
+        [INTO_ITS_RUN, "tests/test_runs.py", DAMAGED_NEWEST, SIGKILL],
     ),
 }
 

@@ -24,7 +24,7 @@ SLOW = {
         "tests/test_cli.py",
         "tests/test_faults.py::test_resume_after_sigkill_continues_from_the_last_checkpoint",
     ],
-    "transformer": ["tests/test_cli.py"],
+    "transformer": [],  # the quick ones: its network is another's, its data the demo's
 }
 
 
@@ -45,9 +45,14 @@ def test_the_kit_tests_pass_for_another_problem(tmp_path, problem):
     env = env_without_mlflow_uri()
     pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0"]
     quick = run([*pytest, "-m", "not slow"], cwd=project, env=env, timeout=1200)
-    slow = run([*pytest, "-m", "slow", *SLOW[problem]], cwd=project, env=env, timeout=1200)
-    for result in (quick, slow):
+    results = [quick]
+    if SLOW[problem]:
+        results.append(
+            run([*pytest, "-m", "slow", *SLOW[problem]], cwd=project, env=env, timeout=1200)
+        )
+    for result in results:
         found = counts(result.stdout)
         assert not found.get("failed") and not found.get("error"), result.stdout[-4000:]
     assert counts(quick.stdout)["passed"] >= 80, quick.stdout[-2000:]
-    assert counts(slow.stdout)["passed"] >= 3, slow.stdout[-2000:]
+    if SLOW[problem]:
+        assert counts(results[1].stdout)["passed"] >= 3, results[1].stdout[-2000:]
