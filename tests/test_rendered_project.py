@@ -40,7 +40,7 @@ SUITES = {
     ),
     "digits-mlflow": (
         {"logger": "mlflow"},
-        [*LOGGER_TESTS, "tests/test_checkpoints.py", "tests/test_export.py"],
+        [*LOGGER_TESTS, "tests/test_checkpoints.py"],
         [INTO_ITS_RUN, "tests/test_ddp.py", SIGKILL, STOPPED_SWEEP],
     ),
     # W&B offline: its runs, records and continued runs.
