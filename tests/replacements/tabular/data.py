@@ -1,5 +1,7 @@
 """Four features and a price per row of a CSV file, read into memory."""
 
+import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -18,9 +20,11 @@ def write_csv(path: Path, seed: int = 0) -> None:
     x = rng.normal(size=(ROWS, 4))
     price = 3 * x[:, 0] - 2 * x[:, 1] + x[:, 2] * x[:, 3] + 0.1 * rng.normal(size=ROWS)
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".partial")
-    np.savetxt(partial, np.column_stack([x, price]), delimiter=",", header="a,b,c,d,price")
-    partial.rename(path)
+    # A file of its own, renamed into place: runs started together never see half of it.
+    handle, partial = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(handle, "w") as file:
+        np.savetxt(file, np.column_stack([x, price]), delimiter=",", header="a,b,c,d,price")
+    os.replace(partial, path)
 
 
 class HousesDataModule(SplitDataModule):

@@ -1,6 +1,8 @@
 """Sentences on two topics, one text file each, tokenised when read."""
 
 import random
+import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -22,8 +24,9 @@ def write_sentences(folder: Path, seed: int = 0) -> None:
     """`<index>_<topic>.txt` files of 3 to 12 words, written once."""
     if folder.is_dir():
         return
-    staging = folder.with_name(folder.name + ".partial")
-    staging.mkdir(parents=True, exist_ok=True)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    # A folder of its own, renamed into place: runs started together never share it.
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     rng = random.Random(seed)
     for index in range(NUM_SENTENCES):
         topic = index % 2
@@ -32,7 +35,10 @@ def write_sentences(folder: Path, seed: int = 0) -> None:
             for _ in range(rng.randint(3, 12))
         ]
         (staging / f"{index:04d}_{topic}.txt").write_text(" ".join(words))
-    staging.rename(folder)
+    try:
+        staging.rename(folder)
+    except OSError:  # another run finished first
+        shutil.rmtree(staging)
 
 
 class Sentences(Dataset):
