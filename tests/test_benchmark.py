@@ -32,11 +32,24 @@ def test_benchmark_writes_its_json(tmp_path):
     assert report["ratio_project_over_plain"] == pytest.approx(ratio, rel=0.01)  # both rounded
     bare = seconds["project"] / seconds["lightning_bare"]
     assert report["ratio_project_over_lightning_bare"] == pytest.approx(bare, rel=0.01)
+    assert report["fastest_seconds"] == {n: min(t) for n, t in report["all_seconds"].items()}
+    assert set(report["fastest_ratios"]) == {
+        "project_over_plain",
+        "project_over_lightning_bare",
+        "trainer_over_plain",
+        "heavy_project_over_plain",
+        "heavy_project_over_lightning_bare",
+    }
     heavy = report["heavy"]
     assert heavy["channels"] == 128 and heavy["steps"] == 20
     assert heavy["ratio_project_over_plain"] == pytest.approx(
         heavy["seconds"]["project"] / heavy["seconds"]["plain"], rel=0.01
     )
+    for spent in (report["project_breakdown"], heavy["project_breakdown"]):
+        assert 0 < spent["before_fit_s"] and 0 < spent["checkpoint_s"]
+        assert 0 < spent["lightning_bare_before_fit_s"]
+        # One epoch: its best, and last (the first save of last is a file of its own).
+        assert (spent["checkpoints_written"], spent["checkpoints_linked"]) == (2, 0)
     assert report["project_health"]["flops_per_batch"] > 0
     assert 0 <= report["project_health"]["data_wait_share"] <= 1
     assert report["project_health"]["samples_per_s"] > 0

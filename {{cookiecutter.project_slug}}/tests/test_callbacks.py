@@ -1,4 +1,5 @@
-"""The environment report says what the run will really use.
+"""The environment report says what the run will really use; the progress bar
+reads metrics only when they are new.
 
 Kit test: the fit runs whatever model and data `project.py` names.
 """
@@ -6,11 +7,16 @@ Kit test: the fit runs whatever model and data `project.py` names.
 import logging
 from types import SimpleNamespace
 
+import pytest
 import torch
-from lightning.pytorch import Trainer
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks.progress.progress_bar import ProgressBar
+from torch.utils.data import DataLoader, TensorDataset
 
 from {{ cookiecutter.package_name }}.kit.callbacks import (
     EnvironmentReport,
+    RichBar,
+    TQDMBar,
     collect_environment,
     format_environment,
     torch_build,
@@ -125,3 +131,54 @@ def test_free_memory_is_asked_of_the_own_device_only(monkeypatch):
     assert [d["total_gib"] for d in devices] == [140.0] * 3
     cuda_devices()  # doctor: every device
     assert asked == [1, 0, 1, 2]
+
+
+class LogsEveryStep(LightningModule):
+    """Logs the step number to the progress bar at every step, as many modules do."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch, batch_idx):
+        self.log("shown", float(self.global_step + 1), prog_bar=True)
+        return self.layer(batch[0]).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+@pytest.mark.parametrize("bar", [RichBar, TQDMBar])
+def test_the_bar_reads_metrics_only_on_logging_steps(tmp_path, monkeypatch, bar):
+    reads = []
+    read = ProgressBar.get_metrics
+
+    def counted(self, trainer, pl_module):
+        if self._in_step:
+            reads.append(trainer.global_step)
+        return read(self, trainer, pl_module)
+
+    monkeypatch.setattr(ProgressBar, "get_metrics", counted)
+    callback = bar()
+    trainer = Trainer(
+        accelerator="cpu",
+        max_steps=7,
+        log_every_n_steps=3,
+        callbacks=[callback],
+        default_root_dir=tmp_path,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(LogsEveryStep(), DataLoader(TensorDataset(torch.ones(8, 2)), batch_size=1))
+    # After a step: the first, and the logging steps 3 and 6; the epoch's end
+    # reads the last step's value.
+    assert reads == [1, 3, 6]
+    assert callback._shown["shown"] == 7.0
+
+
+def test_the_cli_uses_the_bar_and_leaves_it_out_when_disabled(workdir):
+    cli = main(["--trainer.logger=false"], run=False)
+    assert type(cli.trainer.progress_bar_callback) in (RichBar, TQDMBar)
+    cli = main(["--trainer.logger=false", "--trainer.enable_progress_bar=false"], run=False)
+    assert cli.trainer.progress_bar_callback is None

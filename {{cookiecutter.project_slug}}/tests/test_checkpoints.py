@@ -4,6 +4,7 @@ and a full disk is one clear error that loses nothing.
 Kit test: it runs whatever model and data `project.py` names.
 """
 
+import errno
 import os
 import re
 import shutil
@@ -27,12 +28,55 @@ from {{ cookiecutter.package_name }}.kit.checkpoints import (
     check_checkpoint,
     resume_candidates,
 )
+from {{ cookiecutter.package_name }}.kit.cli import main
 
 INSTRUMENTS = "--trainer.callbacks+=instruments.Instruments"
 
 
 def partial_files(folder: Path) -> list[Path]:
     return sorted(folder.rglob(f"*{checkpoints.PARTIAL}"))
+
+
+def best_and_last_of_two_epochs() -> tuple[Path, Path, int]:
+    """A two-epoch fit in which every epoch is the best (the monitor is the step); its
+    best, its last and its step."""
+    cli = main(
+        [
+            "fit",
+            "--trainer.max_epochs=2",
+            "--trainer.limit_train_batches=2",
+            "--trainer.limit_val_batches=1",
+            "--trainer.enable_progress_bar=false",
+            "--checkpoint.monitor=step",
+            "--checkpoint.mode=max",
+        ]
+    )
+    callback = cli.trainer.checkpoint_callback
+    return Path(callback.best_model_path), Path(callback.last_model_path), cli.trainer.global_step
+
+
+def test_an_improving_epoch_writes_once_and_links_last_to_its_best(workdir):
+    best, last, step = best_and_last_of_two_epochs()
+    assert best.is_file() and last.name == "last.ckpt"
+    assert os.path.samefile(best, last)  # one write, two names
+    checkpoint = load_checkpoint(last)
+    assert checkpoint["global_step"] == step
+    # The state it holds is last's own: a resume keeps writing last.ckpt, not last-v1.ckpt.
+    (state,) = [s for s in checkpoint["callbacks"].values() if "last_model_path" in s]
+    assert Path(state["last_model_path"]).name == "last.ckpt"
+    assert not partial_files(last.parent)
+
+
+def test_without_hard_links_last_is_written_as_a_file_of_its_own(workdir, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise OSError(errno.EPERM, "hard links not supported here")
+
+    monkeypatch.setattr(os, "link", refuse)
+    best, last, step = best_and_last_of_two_epochs()
+    assert best.is_file() and last.is_file()
+    assert not os.path.samefile(best, last)
+    assert load_checkpoint(last)["global_step"] == step
+    assert not partial_files(last.parent)
 
 
 def test_an_interrupted_write_leaves_the_previous_file_intact(tmp_path, monkeypatch):
@@ -87,7 +131,8 @@ def test_a_full_disk_is_one_error_naming_the_folder_and_its_free_space(tmp_path,
 
 @pytest.mark.slow
 def test_sigkill_in_the_middle_of_a_save_loses_nothing(workdir):
-    # Epoch 0 saves best and last; the third save (epoch 1's first) is cut in half.
+    # Epoch 0 saves best and last; the third save (epoch 1's first: a best that
+    # is not linked to yet, or last) is cut in half.
     killed = fork_cli(
         "fit",
         "--trainer.max_epochs=3",

@@ -148,18 +148,6 @@ def test_loader_workers_lower_the_data_wait_of_digit_files(workdir, monkeypatch,
     cli.trainer.fit(cli.model, cli.datamodule)
     assert health.summary["data_wait_share"] == pytest.approx(share, abs=1e-3)
 
-
-def test_the_sweep_searches_flags_of_this_example():
-    """configs/sweep.yaml searches this example's own flags: fit takes each of them at both
-    ends of its range (a model or data of your own needs a search space of its own)."""
-    space = read_space(CONFIGS / "sweep.yaml")
-    for end in (0, -1):
-        chosen = {
-            name: dist.choices[end] if hasattr(dist, "choices") else (dist.low, dist.high)[end]
-            for name, dist in space.items()
-        }
-        cli = configured(*as_flags(suggest(FixedTrial(chosen), space)))
-        assert cli.model.hparams  # built with the trial's values
 {%- else -%}
 """The minimal example's own tests: its data, its network, its flags.
 
@@ -223,6 +211,8 @@ def test_predictions_are_one_number_per_sample():
         out = model.predict_step((x, torch.zeros(5, 1)), 0)
         assert torch.equal(out["prediction"], model(x)[:, 0])
 
+{%- endif %}
+
 
 def test_the_sweep_searches_flags_of_this_example():
     """configs/sweep.yaml searches this example's own flags: fit takes each of them at both
@@ -235,4 +225,3 @@ def test_the_sweep_searches_flags_of_this_example():
         }
         cli = configured(*as_flags(suggest(FixedTrial(chosen), space)))
         assert cli.model.hparams  # built with the trial's values
-{%- endif %}

@@ -16,6 +16,8 @@ from typing import Any
 import lightning
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import ProgressBar, RichProgressBar, TQDMProgressBar
+from lightning.pytorch.callbacks.progress.rich_progress import _RICH_AVAILABLE
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
@@ -167,6 +169,13 @@ class FailureContext(Callback):
         }
 
 
+def logs_this_step(trainer: Trainer) -> bool:
+    """Whether the logger writes at the end of this training step (the logger
+    connector's own rule: every `--trainer.log_every_n_steps`, and the last)."""
+    connector = getattr(trainer, "_logger_connector", None)
+    return bool(getattr(connector, "should_update_logs", True))
+
+
 class TrainLoss(Callback):
     """Logs `train/loss`: the mean training loss over each logging window.
 
@@ -196,8 +205,48 @@ class TrainLoss(Callback):
         loss = loss.detach()
         self._sum = loss if self._sum is None else self._sum + loss
         self._count += 1
-        # The logger connector's own rule, so the value is logged when it is written.
-        connector = getattr(trainer, "_logger_connector", None)
-        if getattr(connector, "should_update_logs", True):
+        if logs_this_step(trainer):
             pl_module.log(self.NAME, self._sum / self._count, prog_bar=True)
             self._sum, self._count = None, 0
+
+
+class _NewMetricsOnly:
+    """A progress bar that reads the logged metrics only when there are new ones.
+
+    Lightning's bars read them after every training step and turn each tensor
+    into a float with `.item()`: on a GPU, the host waits for the device every
+    step and cannot queue the next step's work ahead. Here a step after which
+    the logger writes nothing shows the values read last (the training metrics
+    change only on logging steps anyway); epoch ends and validation read them
+    as usual.
+    """
+
+    _in_step = False
+    _shown: dict | None = None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self._in_step = True
+        try:
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        finally:
+            self._in_step = False
+
+    def get_metrics(self, trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
+        if self._in_step and self._shown is not None and not logs_this_step(trainer):
+            return self._shown
+        self._shown = super().get_metrics(trainer, pl_module)
+        return self._shown
+
+
+class RichBar(_NewMetricsOnly, RichProgressBar):
+    """Lightning's rich progress bar, reading metrics only when they are new."""
+
+
+class TQDMBar(_NewMetricsOnly, TQDMProgressBar):
+    """Lightning's tqdm progress bar, reading metrics only when they are new."""
+
+
+def progress_bar() -> ProgressBar:
+    """The bar Lightning would pick (rich if installed, else tqdm), in its
+    new-metrics-only form."""
+    return RichBar() if _RICH_AVAILABLE else TQDMBar()

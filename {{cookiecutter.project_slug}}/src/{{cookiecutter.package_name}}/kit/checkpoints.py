@@ -24,6 +24,7 @@ import zipfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
+from weakref import proxy
 
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
@@ -104,6 +105,25 @@ def atomic_save(obj: Any, path: str | Path, save: Callable[[Any, Any], Any] | No
         raise
     _fsync_directory(directory)
     return path
+
+
+def atomic_link(source: str | Path, path: str | Path) -> bool:
+    """Make `path` a hard link to the file `source`, replacing it atomically.
+
+    False (and nothing changed) where the filesystem has no hard links or
+    `source` is gone: the caller then writes the file itself.
+    """
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}{PARTIAL}")
+    try:
+        temporary.unlink(missing_ok=True)
+        os.link(source, temporary)
+        os.replace(temporary, path)
+    except OSError:
+        temporary.unlink(missing_ok=True)
+        return False
+    _fsync_directory(path.parent)
+    return True
 
 
 def _save_failure(path: Path, error: OSError) -> str:
@@ -246,7 +266,39 @@ class BestAndLast(ModelCheckpoint):
     Lightning 2.6 rewrites `last.ckpt` only when a top-k checkpoint is saved
     too, so after an epoch that did not improve, `last` is an epoch behind
     and a resume would redo it. Here `last` is always the latest state.
+
+    When an epoch improved, the best checkpoint just written holds the same
+    state as `last` would (from the second save of `last` on): `last.ckpt`
+    becomes a hard link to it (atomically, like a save) instead of a second
+    serialization and write of the same bytes. Where links are not supported,
+    it is written as usual.
     """
+
+    _last_before: str | None = None  # last_model_path while `last` is being saved
+
+    def _save_last_checkpoint(self, trainer: Trainer, monitor_candidates: dict) -> None:
+        self._last_before = self.last_model_path
+        try:
+            super()._save_last_checkpoint(trainer, monitor_candidates)
+        finally:
+            self._last_before = None
+
+    def _save_checkpoint(self, trainer: Trainer, filepath: str) -> None:
+        source = self._last_checkpoint_saved
+        same_step = self._last_global_step_saved == trainer.global_step
+        # The best file records `last_model_path` as it was before this save:
+        # the same state only if `last` keeps its path (not on the first save).
+        same_path = self._last_before == filepath
+        if same_step and same_path and source and source != filepath:
+            linked = atomic_link(source, filepath) if trainer.is_global_zero else True
+            if trainer.strategy.broadcast(linked):
+                trainer.strategy.barrier("BestAndLast.link")
+                self._last_checkpoint_saved = filepath
+                if trainer.is_global_zero:
+                    for logger in trainer.loggers:
+                        logger.after_save_checkpoint(proxy(self))
+                return
+        super()._save_checkpoint(trainer, filepath)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         # A run continued from another path (the project moved, another mount,

@@ -21,13 +21,19 @@ from typing import Any
 
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-from lightning.pytorch import Callback
+from lightning.pytorch import Callback, Trainer
+from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from {{ cookiecutter.package_name }}.kit.callbacks import EnvironmentReport, FailureContext, TrainLoss
+from {{ cookiecutter.package_name }}.kit.callbacks import (
+    EnvironmentReport,
+    FailureContext,
+    TrainLoss,
+    progress_bar,
+)
 from {{ cookiecutter.package_name }}.kit.checkpoints import (
     AtomicCheckpointIO,
     BestAndLast,
@@ -146,6 +152,11 @@ class ProjectParser(LightningArgumentParser):
     def dump(self, cfg, *args, **kwargs) -> str:
         if "skip_none" in kwargs:  # Lightning's own calls still use the old name
             kwargs["skip_unset"] = kwargs.pop("skip_none")
+        if "skip_check" not in kwargs:
+            # What is dumped here was validated when parsed; validating it again
+            # on every dump (Lightning dumps it for the hyperparameters, the run
+            # for its config.yaml) costs a tenth of a second each time.
+            kwargs.setdefault("skip_validation", True)
         if "trainer" in cfg and cfg.get("trainer.precision") is None:
             cfg = cfg.clone()
             resolve_hardware(cfg["trainer"], say=lambda line: None)
@@ -187,8 +198,13 @@ class SaveRunConfig(SaveConfigCallback):
         if trainer.is_global_zero:
             os.makedirs(run, exist_ok=True)
             path = os.path.join(run, self.config_filename)
-            self.parser.save(
-                self.config, path, skip_unset=False, overwrite=True, multifile=self.multifile
+            self.parser.save(  # validated when parsed: not again
+                self.config,
+                path,
+                skip_unset=False,
+                skip_validation=True,
+                overwrite=True,
+                multifile=self.multifile,
             )
             self.save_config(trainer, pl_module, stage)
         self.already_saved = True
@@ -314,6 +330,17 @@ class ProjectCLI(LightningCLI):
         for callback in self.trainer.callbacks:
             if isinstance(callback, DiscardFailedStart):
                 callback.new_run = self._new_run
+
+    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
+        # Lightning's progress bar, in the form that reads metrics only when new.
+        listed = config.get("callbacks")
+        listed = [] if listed is None else listed if isinstance(listed, list) else [listed]
+        defaults = self.trainer_defaults.get("callbacks") or []
+        given = [*callbacks, *listed, *(defaults if isinstance(defaults, list) else [defaults])]
+        wanted = config.get("enable_progress_bar") is not False and not config.get("barebones")
+        if wanted and not any(isinstance(callback, ProgressBar) for callback in given):
+            callbacks = [*callbacks, progress_bar()]
+        return super()._instantiate_trainer(config, callbacks)
 
     def before_instantiate_classes(self) -> None:
         use_tensor_cores()
