@@ -23,7 +23,7 @@ by others is the steadiest figure). Where the project's default fit spends its
 time above the loop is measured too: from the call to the start of fit
 (parsing the config, building the classes, claiming the run directory,
 against the bare loop's own building and setup), and in its checkpoint saves
-(how many files written, how many linked). A heavier workload (the CNN at 128
+(how many files written, how many copied from another). A heavier workload (the CNN at 128
 channels, a step of tens of milliseconds on a CPU) repeats plain, bare and
 project. Cold starts are timed too: `fit
 --trainer.fast_dev_run true` against `python -c "import lightning.pytorch"`,
@@ -136,15 +136,15 @@ def lightning_defaults(pkg, epochs, batch_size, channels) -> dict:
     return lightning_fit(pkg, epochs, batch_size, channels, bare=False)
 
 
-SAVES = {"seconds": 0.0, "written": 0, "linked": 0}  # the checkpoint saves of one fit
+SAVES = {"seconds": 0.0, "written": 0, "copied": 0}  # the checkpoint saves of one fit
 
 
 def count_saves(checkpoints) -> None:
-    """Time the checkpoint callback's saves and count files written and linked."""
-    save, write, link = (
+    """Time the checkpoint callback's saves and count files written and copied."""
+    save, write, copy = (
         checkpoints.BestAndLast._save_checkpoint,
         checkpoints.atomic_save,
-        checkpoints.atomic_link,
+        checkpoints.atomic_copy,
     )
 
     def timed_save(self, trainer, filepath):
@@ -163,11 +163,11 @@ def count_saves(checkpoints) -> None:
 
     checkpoints.BestAndLast._save_checkpoint = timed_save
     checkpoints.atomic_save = counted("written", write)
-    checkpoints.atomic_link = counted("linked", link)
+    checkpoints.atomic_copy = counted("copied", copy)
 
 
 def project_fit(pkg, epochs: int, batch_size: int, channels: int, *extra: str) -> dict:
-    SAVES.update(seconds=0.0, written=0, linked=0)
+    SAVES.update(seconds=0.0, written=0, copied=0)
     started, mark = time.perf_counter(), fit_start()
     cli = pkg.cli.main(
         [
@@ -187,7 +187,7 @@ def project_fit(pkg, epochs: int, batch_size: int, channels: int, *extra: str) -
         "before_fit_s": mark.at - started,
         "checkpoint_s": SAVES["seconds"],
         "checkpoints_written": SAVES["written"],
-        "checkpoints_linked": SAVES["linked"],
+        "checkpoints_copied": SAVES["copied"],
         **health.summary,
     }
 
@@ -229,7 +229,7 @@ def breakdown(results: list[dict], bare: list[dict]) -> dict:
         "lightning_bare_before_fit_s": round(statistics.median(r["before_fit_s"] for r in bare), 3),
         "checkpoint_s": round(statistics.median(r["checkpoint_s"] for r in results), 3),
         "checkpoints_written": results[-1]["checkpoints_written"],
-        "checkpoints_linked": results[-1]["checkpoints_linked"],
+        "checkpoints_copied": results[-1]["checkpoints_copied"],
     }
 
 

@@ -160,6 +160,9 @@ def run_command(args: list[str], cwd: str, env: dict, output: str) -> None:
     """
     import sys
 
+    # Ctrl-C raises KeyboardInterrupt, as in a terminal: a run started in the
+    # background by a shell (CI scripts, `nohup ... &`) inherits SIGINT ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     os.chdir(cwd)
     os.environ.clear()  # the environment the command was given, as a new process would have
     os.environ.update(env)

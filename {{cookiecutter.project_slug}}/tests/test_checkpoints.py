@@ -55,10 +55,21 @@ def best_and_last_of_two_epochs() -> tuple[Path, Path, int]:
     return Path(callback.best_model_path), Path(callback.last_model_path), cli.trainer.global_step
 
 
-def test_an_improving_epoch_writes_once_and_links_last_to_its_best(workdir):
+def test_an_improving_epochs_last_is_a_copy_of_its_best(workdir, monkeypatch):
+    copies = []
+
+    def spy(source, path):
+        copies.append(Path(path).name)
+        return copy(source, path)
+
+    copy = checkpoints.atomic_copy
+    monkeypatch.setattr(checkpoints, "atomic_copy", spy)
     best, last, step = best_and_last_of_two_epochs()
+    # The first save of last is its own; the second copies the best of its epoch.
+    assert copies == ["last.ckpt"]
     assert best.is_file() and last.name == "last.ckpt"
-    assert os.path.samefile(best, last)  # one write, two names
+    assert not os.path.samefile(best, last)  # two files: damage to one spares the other
+    assert best.read_bytes() == last.read_bytes()
     checkpoint = load_checkpoint(last)
     assert checkpoint["global_step"] == step
     # The state it holds is last's own: a resume keeps writing last.ckpt, not last-v1.ckpt.
@@ -67,14 +78,13 @@ def test_an_improving_epoch_writes_once_and_links_last_to_its_best(workdir):
     assert not partial_files(last.parent)
 
 
-def test_without_hard_links_last_is_written_as_a_file_of_its_own(workdir, monkeypatch):
-    def refuse(*args, **kwargs):
-        raise OSError(errno.EPERM, "hard links not supported here")
+def test_a_best_that_cannot_be_read_leaves_last_saved_as_usual(workdir, monkeypatch):
+    def unreadable(*args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied")
 
-    monkeypatch.setattr(os, "link", refuse)
+    monkeypatch.setattr(checkpoints, "open", unreadable, raising=False)
     best, last, step = best_and_last_of_two_epochs()
     assert best.is_file() and last.is_file()
-    assert not os.path.samefile(best, last)
     assert load_checkpoint(last)["global_step"] == step
     assert not partial_files(last.parent)
 

@@ -107,22 +107,20 @@ def atomic_save(obj: Any, path: str | Path, save: Callable[[Any, Any], Any] | No
     return path
 
 
-def atomic_link(source: str | Path, path: str | Path) -> bool:
-    """Make `path` a hard link to the file `source`, replacing it atomically.
+def atomic_copy(source: str | Path, path: str | Path) -> bool:
+    """Copy the file `source` to `path`, whole or not at all (as `atomic_save` writes).
 
-    False (and nothing changed) where the filesystem has no hard links or
-    `source` is gone: the caller then writes the file itself.
+    A file of its own, not a link: a damaged or overwritten one leaves the
+    other intact. False (and nothing changed) when `source` cannot be read;
+    a failure to write is a CheckpointSaveError like a save's.
     """
     path = Path(path)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}{PARTIAL}")
     try:
-        temporary.unlink(missing_ok=True)
-        os.link(source, temporary)
-        os.replace(temporary, path)
+        reader = open(source, "rb")  # noqa: SIM115 - closed below
     except OSError:
-        temporary.unlink(missing_ok=True)
         return False
-    _fsync_directory(path.parent)
+    with reader:
+        atomic_save(reader, path, save=lambda file, out: shutil.copyfileobj(file, out, 1 << 20))
     return True
 
 
@@ -268,10 +266,9 @@ class BestAndLast(ModelCheckpoint):
     and a resume would redo it. Here `last` is always the latest state.
 
     When an epoch improved, the best checkpoint just written holds the same
-    state as `last` would (from the second save of `last` on): `last.ckpt`
-    becomes a hard link to it (atomically, like a save) instead of a second
-    serialization and write of the same bytes. Where links are not supported,
-    it is written as usual.
+    state as `last` would (from the second save of `last` on): `last.ckpt` is
+    then a copy of its bytes (written as atomically as a save) instead of a
+    second collection and serialization of the same state.
     """
 
     _last_before: str | None = None  # last_model_path while `last` is being saved
@@ -290,9 +287,9 @@ class BestAndLast(ModelCheckpoint):
         # the same state only if `last` keeps its path (not on the first save).
         same_path = self._last_before == filepath
         if same_step and same_path and source and source != filepath:
-            linked = atomic_link(source, filepath) if trainer.is_global_zero else True
-            if trainer.strategy.broadcast(linked):
-                trainer.strategy.barrier("BestAndLast.link")
+            copied = atomic_copy(source, filepath) if trainer.is_global_zero else True
+            if trainer.strategy.broadcast(copied):
+                trainer.strategy.barrier("BestAndLast.copy")
                 self._last_checkpoint_saved = filepath
                 if trainer.is_global_zero:
                     for logger in trainer.loggers:
