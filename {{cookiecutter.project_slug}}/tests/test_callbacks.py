@@ -148,8 +148,8 @@ class LogsEveryStep(LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
-@pytest.mark.parametrize("bar", [RichBar, TQDMBar])
-def test_the_bar_reads_metrics_only_on_logging_steps(tmp_path, monkeypatch, bar):
+def fit_counting_reads(tmp_path, monkeypatch, callback) -> list[int]:
+    """Seven steps logged every third; the steps after which the bar read the metrics."""
     reads = []
     read = ProgressBar.get_metrics
 
@@ -159,7 +159,6 @@ def test_the_bar_reads_metrics_only_on_logging_steps(tmp_path, monkeypatch, bar)
         return read(self, trainer, pl_module)
 
     monkeypatch.setattr(ProgressBar, "get_metrics", counted)
-    callback = bar()
     trainer = Trainer(
         accelerator="cpu",
         max_steps=7,
@@ -171,10 +170,24 @@ def test_the_bar_reads_metrics_only_on_logging_steps(tmp_path, monkeypatch, bar)
         enable_model_summary=False,
     )
     trainer.fit(LogsEveryStep(), DataLoader(TensorDataset(torch.ones(8, 2)), batch_size=1))
+    return reads
+
+
+@pytest.mark.parametrize("bar", [RichBar, TQDMBar])
+def test_the_bar_reads_metrics_only_on_logging_steps(tmp_path, monkeypatch, bar):
+    callback = bar()
     # After a step: the first, and the logging steps 3 and 6; the epoch's end
     # reads the last step's value.
-    assert reads == [1, 3, 6]
+    assert fit_counting_reads(tmp_path, monkeypatch, callback) == [1, 3, 6]
     assert callback._shown["shown"] == 7.0
+
+
+def test_a_bar_refreshed_every_other_step_still_reads_each_logging_steps_values(
+    tmp_path, monkeypatch
+):
+    # It refreshes after steps 2, 4 and 6: it reads at 2 (its first), at 4 (step 3
+    # logged) and at 6 (which logged).
+    assert fit_counting_reads(tmp_path, monkeypatch, TQDMBar(refresh_rate=2)) == [2, 4, 6]
 
 
 def test_the_cli_uses_the_bar_and_leaves_it_out_when_disabled(workdir):

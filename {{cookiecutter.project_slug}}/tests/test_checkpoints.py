@@ -37,13 +37,21 @@ def partial_files(folder: Path) -> list[Path]:
     return sorted(folder.rglob(f"*{checkpoints.PARTIAL}"))
 
 
-def best_and_last_of_two_epochs() -> tuple[Path, Path, int]:
-    """A two-epoch fit in which every epoch is the best (the monitor is the step); its
-    best, its last and its step."""
+def test_an_improving_epochs_last_is_a_copy_of_its_best(workdir, monkeypatch):
+    copies = []
+
+    def spy(source, path):
+        # The third epoch's copy is refused, as for a best that cannot be read.
+        copies.append(Path(path).name)
+        return copy(source, path) if len(copies) == 1 else False
+
+    copy = checkpoints.atomic_copy
+    monkeypatch.setattr(checkpoints, "atomic_copy", spy)
+    # Every epoch is the best (the monitor is the step).
     cli = main(
         [
             "fit",
-            "--trainer.max_epochs=2",
+            "--trainer.max_epochs=3",
             "--trainer.limit_train_batches=2",
             "--trainer.limit_val_batches=1",
             "--trainer.enable_progress_bar=false",
@@ -51,42 +59,48 @@ def best_and_last_of_two_epochs() -> tuple[Path, Path, int]:
             "--checkpoint.mode=max",
         ]
     )
+    # The first save of last is its own; the next two try to copy their epoch's best.
+    assert copies == ["last.ckpt", "last.ckpt"]
     callback = cli.trainer.checkpoint_callback
-    return Path(callback.best_model_path), Path(callback.last_model_path), cli.trainer.global_step
-
-
-def test_an_improving_epochs_last_is_a_copy_of_its_best(workdir, monkeypatch):
-    copies = []
-
-    def spy(source, path):
-        copies.append(Path(path).name)
-        return copy(source, path)
-
-    copy = checkpoints.atomic_copy
-    monkeypatch.setattr(checkpoints, "atomic_copy", spy)
-    best, last, step = best_and_last_of_two_epochs()
-    # The first save of last is its own; the second copies the best of its epoch.
-    assert copies == ["last.ckpt"]
+    best, last = Path(callback.best_model_path), Path(callback.last_model_path)
     assert best.is_file() and last.name == "last.ckpt"
     assert not os.path.samefile(best, last)  # two files: damage to one spares the other
-    assert best.read_bytes() == last.read_bytes()
-    checkpoint = load_checkpoint(last)
-    assert checkpoint["global_step"] == step
+    checkpoint = load_checkpoint(last)  # the refused copy: saved as usual
+    assert checkpoint["global_step"] == cli.trainer.global_step
     # The state it holds is last's own: a resume keeps writing last.ckpt, not last-v1.ckpt.
     (state,) = [s for s in checkpoint["callbacks"].values() if "last_model_path" in s]
     assert Path(state["last_model_path"]).name == "last.ckpt"
     assert not partial_files(last.parent)
 
 
-def test_a_best_that_cannot_be_read_leaves_last_saved_as_usual(workdir, monkeypatch):
-    def unreadable(*args, **kwargs):
-        raise PermissionError(errno.EACCES, "Permission denied")
+def test_a_copy_is_whole_or_nothing(tmp_path, monkeypatch):
+    source, target = tmp_path / "best.ckpt", tmp_path / "last.ckpt"
+    source.write_bytes(os.urandom(3 << 20))  # several reads
+    assert checkpoints.atomic_copy(source, target)
+    assert target.read_bytes() == source.read_bytes()
+    assert not os.path.samefile(source, target)
+    target.write_bytes(b"before")
 
-    monkeypatch.setattr(checkpoints, "open", unreadable, raising=False)
-    best, last, step = best_and_last_of_two_epochs()
-    assert best.is_file() and last.is_file()
-    assert load_checkpoint(last)["global_step"] == step
-    assert not partial_files(last.parent)
+    class FailsHalfway:
+        def __init__(self, *args):
+            self.reads = 0
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def read(self, size):
+            self.reads += 1
+            if self.reads > 1:
+                raise OSError(errno.EIO, "Input/output error")
+            return b"x" * size
+
+    monkeypatch.setattr(checkpoints, "open", FailsHalfway, raising=False)
+    assert not checkpoints.atomic_copy(source, target)  # the caller saves instead
+    assert target.read_bytes() == b"before" and not partial_files(tmp_path)
+    assert not checkpoints.atomic_copy(tmp_path / "missing.ckpt", target)
 
 
 def test_an_interrupted_write_leaves_the_previous_file_intact(tmp_path, monkeypatch):

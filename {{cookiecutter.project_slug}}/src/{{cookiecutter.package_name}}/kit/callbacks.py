@@ -215,16 +215,21 @@ class _NewMetricsOnly:
 
     Lightning's bars read them after every training step and turn each tensor
     into a float with `.item()`: on a GPU, the host waits for the device every
-    step and cannot queue the next step's work ahead. Here a step after which
-    the logger writes nothing shows the values read last (the training metrics
-    change only on logging steps anyway); epoch ends and validation read them
-    as usual.
+    step and cannot queue the next step's work ahead. Here the bar reads them
+    again only after a step at which the logger wrote (every
+    `--trainer.log_every_n_steps`), and at epoch ends and in validation as
+    usual; in between it shows the values read last. `train/loss` changes only
+    on those steps anyway; a value your module logs to the bar every step is
+    shown as of the last logging step.
     """
 
     _in_step = False
+    _new = True  # a logging step passed since the bar last read the metrics
     _shown: dict | None = None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if not trainer.log_every_n_steps or logs_this_step(trainer):
+            self._new = True
         self._in_step = True
         try:
             super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
@@ -232,9 +237,10 @@ class _NewMetricsOnly:
             self._in_step = False
 
     def get_metrics(self, trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
-        if self._in_step and self._shown is not None and not logs_this_step(trainer):
+        if self._in_step and self._shown is not None and not self._new:
             return self._shown
         self._shown = super().get_metrics(trainer, pl_module)
+        self._new = False
         return self._shown
 
 

@@ -107,6 +107,10 @@ def atomic_save(obj: Any, path: str | Path, save: Callable[[Any, Any], Any] | No
     return path
 
 
+class _Unreadable(Exception):
+    """The file being copied could not be read."""
+
+
 def atomic_copy(source: str | Path, path: str | Path) -> bool:
     """Copy the file `source` to `path`, whole or not at all (as `atomic_save` writes).
 
@@ -114,13 +118,22 @@ def atomic_copy(source: str | Path, path: str | Path) -> bool:
     other intact. False (and nothing changed) when `source` cannot be read;
     a failure to write is a CheckpointSaveError like a save's.
     """
-    path = Path(path)
+
+    def copy(reader, out) -> None:
+        while True:
+            try:
+                chunk = reader.read(1 << 20)
+            except OSError as error:
+                raise _Unreadable from error
+            if not chunk:
+                return
+            out.write(chunk)
+
     try:
-        reader = open(source, "rb")  # noqa: SIM115 - closed below
-    except OSError:
+        with open(source, "rb") as reader:
+            atomic_save(reader, path, save=copy)
+    except (_Unreadable, OSError):  # not the write: atomic_save raises CheckpointSaveError
         return False
-    with reader:
-        atomic_save(reader, path, save=lambda file, out: shutil.copyfileobj(file, out, 1 << 20))
     return True
 
 
@@ -286,7 +299,9 @@ class BestAndLast(ModelCheckpoint):
         # The best file records `last_model_path` as it was before this save:
         # the same state only if `last` keeps its path (not on the first save).
         same_path = self._last_before == filepath
-        if same_step and same_path and source and source != filepath:
+        # Only a file our own checkpoint IO wrote is surely whole on disk by now.
+        ours = isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
+        if same_step and same_path and ours and source and source != filepath:
             copied = atomic_copy(source, filepath) if trainer.is_global_zero else True
             if trainer.strategy.broadcast(copied):
                 trainer.strategy.barrier("BestAndLast.copy")
