@@ -1,6 +1,6 @@
 """Render the default project and time it against plain PyTorch and Lightning, on the same work.
 
-    python benchmarks/bench.py [--repeats 3] [--output benchmarks/latest.json]
+    python benchmarks/bench.py [--repeats 5] [--output benchmarks/latest.json]
 
 Same model, data, batch size and number of optimizer steps (the default: 20
 epochs of the digits example, validating after each), timed in one process:
@@ -16,18 +16,22 @@ epochs of the digits example, validating after each), timed in one process:
                    reads the in-memory tensors sample by sample and collates
   project_compiled `--compile.enabled true` (first-step compilation included)
 
-Each is run `--repeats` times, interleaved; medians are reported, with the
-ratios to the plain loop and the project's to Lightning's bare loop, and the
-same ratios of the fastest runs (on a shared machine, the run least disturbed
-by others is the steadiest figure). Where the project's default fit spends its
-time above the loop is measured too: from the call to the start of fit
-(parsing the config, building the classes, claiming the run directory,
-against the bare loop's own building and setup), and in its checkpoint saves
-(how many files written, how many copied from another). A heavier workload (the CNN at 128
-channels, a step of tens of milliseconds on a CPU) repeats plain, bare and
-project. Cold starts are timed too: `fit
---trainer.fast_dev_run true` against `python -c "import lightning.pytorch"`,
-and `doctor` against `python -c "import torch"`. On CUDA it adds the project's
+Each is run `--repeats` times, interleaved, after an untimed round of
+one-epoch runs; medians are reported, with the ratios to the plain loop and
+the project's to Lightning's bare loop, and the same ratios of the fastest
+runs. Each run's median step is reported too (from one training batch's start
+to the next's: the step, every hook, the logging and the next batch's fetch):
+on a shared machine a burst of load stretches some steps and whole runs by
+tens of percent, but hardly moves a median over hundreds of steps, so the
+step ratios are the steadiest measure of what the project adds per step.
+Where the project's default fit spends its time above the loop is measured
+too: from the call to the start of fit (parsing the config, building the
+classes, claiming the run directory, against the bare loop's own building and
+setup), and in its checkpoint saves (how many files written, how many copied
+from another). A heavier workload (the CNN at 128 channels, a step of tens
+of milliseconds on a CPU) repeats plain, bare and project. Cold starts are
+timed too: `fit --trainer.fast_dev_run true` against `python -c "import
+lightning.pytorch"`, and `doctor` against `python -c "import torch"`. On CUDA it adds the project's
 fit in fp32 against the resolved precision, with MFU and peak memory.
 """
 
@@ -73,10 +77,15 @@ def plain_loop(pkg, epochs: int, batch_size: int, channels: int) -> dict:
     model = pkg.model.DigitsCNN(channels=channels).to(device)
     optimizer = torch.optim.AdamW(model.parameters())
     loss_fn = torch.nn.CrossEntropyLoss()
-    steps, correct = 0, 0
+    steps, correct, cycles = 0, 0, []
     for _ in range(epochs):
         model.train()
+        last = None
         for x, y in train:
+            now = time.perf_counter()  # where Lightning calls on_train_batch_start
+            if last is not None:
+                cycles.append(now - last)
+            last = now
             x, y = x.to(device), y.to(device)
             loss = loss_fn(model(x), y)
             optimizer.zero_grad()
@@ -89,16 +98,36 @@ def plain_loop(pkg, epochs: int, batch_size: int, channels: int) -> dict:
             for x, y in val:
                 x, y = x.to(device), y.to(device)
                 correct += (model(x).argmax(1) == y).sum()
-    return {"steps": steps, "val_acc": float(correct) / len(data.splits["val"])}
+    return {
+        "steps": steps,
+        "val_acc": float(correct) / len(data.splits["val"]),
+        "step_ms": median_ms(cycles),
+    }
+
+
+def median_ms(cycles: list[float]) -> float:
+    return 1000 * statistics.median(cycles)
 
 
 def fit_start():
-    """A callback that notes when fit starts (after setup: data, model, logger)."""
+    """A callback that notes when fit starts (after setup: data, model, logger),
+    and the time from each training batch's start to the next's in an epoch:
+    one whole step, with every hook, the logging and the next batch's fetch."""
     from lightning.pytorch import Callback
 
     class FitStart(Callback):
         def on_fit_start(self, trainer, pl_module):
             self.at = time.perf_counter()
+            self.cycles = []
+
+        def on_train_epoch_start(self, trainer, pl_module):
+            self.last = None
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            now = time.perf_counter()
+            if self.last is not None:
+                self.cycles.append(now - self.last)
+            self.last = now
 
     return FitStart()
 
@@ -125,6 +154,7 @@ def lightning_fit(pkg, epochs: int, batch_size: int, channels: int, bare: bool) 
         "steps": trainer.global_step,
         "val_acc": float(trainer.callback_metrics["val/acc"]),
         "before_fit_s": mark.at - started,
+        "step_ms": median_ms(mark.cycles),
     }
 
 
@@ -185,6 +215,7 @@ def project_fit(pkg, epochs: int, batch_size: int, channels: int, *extra: str) -
         "val_acc": float(cli.trainer.checkpoint_callback.best_model_score),
         "precision": cli.trainer.precision,
         "before_fit_s": mark.at - started,
+        "step_ms": median_ms(mark.cycles),
         "checkpoint_s": SAVES["seconds"],
         "checkpoints_written": SAVES["written"],
         "checkpoints_copied": SAVES["copied"],
@@ -208,7 +239,14 @@ def timed(fn, *args) -> tuple[float, dict]:
 
 
 def interleaved(runs: dict, repeats: int, *args) -> tuple[dict, dict, dict]:
-    """Seconds of each run over `repeats` rounds, each one's last result, and all its results."""
+    """Seconds of each run over `repeats` rounds, each one's last result, and all its results.
+
+    A round of one-epoch runs comes first, untimed: the first runs in a process
+    pay for warming caches and allocators, which is no row's own cost."""
+    pkg, _, *rest = args
+    with quiet():
+        for fn in runs.values():
+            fn(pkg, 1, *rest)
     seconds = {name: [] for name in runs}
     details, every = {}, {name: [] for name in runs}
     for _ in range(repeats):
@@ -219,6 +257,15 @@ def interleaved(runs: dict, repeats: int, *args) -> tuple[dict, dict, dict]:
     steps = {name: details[name]["steps"] for name in runs}
     assert len(set(steps.values())) == 1, f"the runs did different work: {steps}"
     return seconds, details, every
+
+
+def step_ms(every: dict) -> dict:
+    """Each run's median step (its steady cost, which a burst of load on a shared
+    machine hardly moves), the median of those over the repeats."""
+    return {
+        name: round(statistics.median(r["step_ms"] for r in results), 2)
+        for name, results in every.items()
+    }
 
 
 def breakdown(results: list[dict], bare: list[dict]) -> dict:
@@ -246,7 +293,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--epochs", type=int, default=20, help="the project's default is 20")
-    parser.add_argument("--heavy-epochs", type=int, default=2)
+    parser.add_argument("--heavy-epochs", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=64, help="the project's default")
     parser.add_argument("--no-compile", action="store_true", help="skip the compiled row")
     parser.add_argument("--output", type=Path, default=TEMPLATE / "benchmarks" / "latest.json")
@@ -302,6 +349,7 @@ def main() -> None:
     def ratio(a: float, b: float) -> float:
         return round(a / b, 3)
 
+    steps, heavy_steps = step_ms(every), step_ms(heavy_every)
     report = {
         "machine": {
             "platform": platform.platform(),
@@ -341,6 +389,9 @@ def main() -> None:
         "ratio_compiled_over_eager": (
             ratio(medians["project_compiled"], medians["project"]) if not args.no_compile else None
         ),
+        "step_ms": steps,
+        "ratio_step_project_over_lightning_bare": ratio(steps["project"], steps["lightning_bare"]),
+        "ratio_step_project_over_plain": ratio(steps["project"], steps["plain"]),
         "val_acc": {name: round(details[name]["val_acc"], 4) for name in runs},
         "project_breakdown": breakdown(every["project"], every["lightning_bare"]),
         "project_health": {
@@ -358,6 +409,11 @@ def main() -> None:
             "ms_per_step_plain": round(1000 * heavy["plain"] / heavy_details["plain"]["steps"], 1),
             "ratio_project_over_plain": ratio(heavy["project"], heavy["plain"]),
             "ratio_project_over_lightning_bare": ratio(heavy["project"], heavy["lightning_bare"]),
+            "step_ms": heavy_steps,
+            "ratio_step_project_over_plain": ratio(heavy_steps["project"], heavy_steps["plain"]),
+            "ratio_step_project_over_lightning_bare": ratio(
+                heavy_steps["project"], heavy_steps["lightning_bare"]
+            ),
             "project_breakdown": breakdown(heavy_every["project"], heavy_every["lightning_bare"]),
         },
         "cold_start": {k: round(v, 3) for k, v in cold.items()},

@@ -40,8 +40,18 @@ def test_benchmark_writes_its_json(tmp_path):
         "heavy_project_over_plain",
         "heavy_project_over_lightning_bare",
     }
+    # Each run's median step, timed from one batch's start to the next's.
+    steps = report["step_ms"]
+    assert set(steps) == set(seconds) and all(ms > 0 for ms in steps.values())
+    for name in ("lightning_bare", "plain"):
+        step_ratio = steps["project"] / steps[name]
+        assert report[f"ratio_step_project_over_{name}"] == pytest.approx(step_ratio, rel=0.01)
     heavy = report["heavy"]
     assert heavy["channels"] == 128 and heavy["steps"] == 20
+    assert set(heavy["step_ms"]) == {"plain", "lightning_bare", "project"}
+    assert heavy["ratio_step_project_over_plain"] == pytest.approx(
+        heavy["step_ms"]["project"] / heavy["step_ms"]["plain"], rel=0.01
+    )
     assert heavy["ratio_project_over_plain"] == pytest.approx(
         heavy["seconds"]["project"] / heavy["seconds"]["plain"], rel=0.01
     )
