@@ -333,10 +333,11 @@ class ProjectCLI(LightningCLI):
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
         # Lightning's progress bar, in the form that reads metrics only when new.
-        listed = config.get("callbacks")
-        listed = [] if listed is None else listed if isinstance(listed, list) else [listed]
-        defaults = self.trainer_defaults.get("callbacks") or []
-        given = [*callbacks, *listed, *(defaults if isinstance(defaults, list) else [defaults])]
+        def as_list(value) -> list:  # a config may give one callback or a list
+            return [] if value is None else value if isinstance(value, list) else [value]
+
+        listed, defaults = config.get("callbacks"), self.trainer_defaults.get("callbacks")
+        given = [*callbacks, *as_list(listed), *as_list(defaults)]
         wanted = config.get("enable_progress_bar") is not False and not config.get("barebones")
         if wanted and not any(isinstance(callback, ProgressBar) for callback in given):
             callbacks = [*callbacks, progress_bar()]
