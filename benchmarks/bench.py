@@ -238,15 +238,15 @@ def timed(fn, *args) -> tuple[float, dict]:
     return time.perf_counter() - start, result
 
 
-def interleaved(runs: dict, repeats: int, *args) -> tuple[dict, dict, dict]:
+def interleaved(runs: dict, repeats: int, warmup: int, *args) -> tuple[dict, dict, dict]:
     """Seconds of each run over `repeats` rounds, each one's last result, and all its results.
 
-    A round of one-epoch runs comes first, untimed: the first runs in a process
-    pay for warming caches and allocators, which is no row's own cost."""
+    A round of `warmup`-epoch runs comes first, untimed: the first runs in a
+    process pay for warming caches and allocators, which is no row's own cost."""
     pkg, _, *rest = args
     with quiet():
-        for fn in runs.values():
-            fn(pkg, 1, *rest)
+        for fn in runs.values() if warmup else ():
+            fn(pkg, warmup, *rest)
     seconds = {name: [] for name in runs}
     details, every = {}, {name: [] for name in runs}
     for _ in range(repeats):
@@ -295,6 +295,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=20, help="the project's default is 20")
     parser.add_argument("--heavy-epochs", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=64, help="the project's default")
+    parser.add_argument("--warmup-epochs", type=int, default=1, help="0: no warm-up round")
     parser.add_argument("--no-compile", action="store_true", help="skip the compiled row")
     parser.add_argument("--output", type=Path, default=TEMPLATE / "benchmarks" / "latest.json")
     args = parser.parse_args()
@@ -320,11 +321,19 @@ def main() -> None:
     }
     if not args.no_compile:
         runs["project_compiled"] = project_compiled
-    seconds, details, every = interleaved(runs, args.repeats, pkg, args.epochs, args.batch_size, 32)
+    seconds, details, every = interleaved(
+        runs, args.repeats, args.warmup_epochs, pkg, args.epochs, args.batch_size, 32
+    )
     medians = {name: statistics.median(times) for name, times in seconds.items()}
     heavy_runs = {"plain": plain_loop, "lightning_bare": lightning_bare, "project": project_fit}
     heavy_seconds, heavy_details, heavy_every = interleaved(
-        heavy_runs, args.repeats, pkg, args.heavy_epochs, args.batch_size, HEAVY_CHANNELS
+        heavy_runs,
+        args.repeats,
+        args.warmup_epochs,
+        pkg,
+        args.heavy_epochs,
+        args.batch_size,
+        HEAVY_CHANNELS,
     )
     heavy = {name: statistics.median(times) for name, times in heavy_seconds.items()}
 
@@ -365,6 +374,7 @@ def main() -> None:
             "steps": details["plain"]["steps"],
         },
         "repeats": args.repeats,
+        "warmup_epochs": args.warmup_epochs,
         "seconds": {name: round(s, 3) for name, s in medians.items()},
         "all_seconds": {name: [round(s, 3) for s in times] for name, times in seconds.items()},
         # The fastest of the interleaved runs: the one the machine disturbed least.

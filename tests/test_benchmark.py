@@ -19,12 +19,14 @@ def test_benchmark_writes_its_json(tmp_path):
         "--epochs=1",
         "--heavy-epochs=1",
         "--no-compile",  # the compile switch has its own test in the rendered project
+        "--warmup-epochs=0",  # nothing is compared: no warm-up round
         f"--output={output}",
         cwd=tmp_path,
         timeout=600,
     )
     report = json.loads(output.read_text())
     assert report["work"] == {"epochs": 1, "batch_size": 64, "steps": 20}
+    assert report["warmup_epochs"] == 0
     seconds = report["seconds"]
     assert set(seconds) == {"plain", "lightning_bare", "trainer", "project", "project_per_sample"}
     assert all(s > 0 for s in seconds.values())

@@ -16,6 +16,7 @@ from conftest import (
     PROJECT_ROOT,
     best_score,
     configured,
+    folder_of,
     load_checkpoint,
     loader_length,
     logged_scalars,
@@ -143,8 +144,9 @@ def test_default_fit_reaches_the_target(fitted):
 
 
 @pytest.mark.slow
-def test_validate_and_test_the_best_checkpoint_into_its_run(default_fit, workdir):
-    shutil.copytree(default_fit, workdir / "copy")  # this test's own run to add to
+def test_validate_and_test_the_best_checkpoint_into_its_run(trained_checkpoint, workdir):
+    # This test's own copy of a two-epoch run, to add to.
+    shutil.copytree(folder_of(trained_checkpoint), workdir / "copy")
     (run,) = run_dirs(workdir / "copy")
     (best,) = (run / "checkpoints").glob("best-*.ckpt")
     before = len(logged_scalars(run)[MONITOR])
