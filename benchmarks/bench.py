@@ -17,22 +17,28 @@ epochs of the digits example, validating after each), timed in one process:
   project_compiled `--compile.enabled true` (first-step compilation included)
 
 Each is run `--repeats` times, interleaved, after an untimed round of
-one-epoch runs; medians are reported, with the ratios to the plain loop and
-the project's to Lightning's bare loop, and the same ratios of the fastest
-runs. Each run's median step is reported too (from one training batch's start
-to the next's: the step, every hook, the logging and the next batch's fetch):
-on a shared machine a burst of load stretches some steps and whole runs by
-tens of percent, but hardly moves a median over hundreds of steps, so the
-step ratios are the steadiest measure of what the project adds per step.
+one-epoch runs (not of the compiled row: its compilation is part of its
+figure, and dynamo is reset before each compiled run); medians are reported,
+with the ratios to the plain loop and the project's to Lightning's bare loop,
+and the same ratios of the fastest runs. Each run's median step is reported
+too (from one training batch's start to the next's: the step, every hook, the
+logging and the next batch's fetch): a burst of load stretches a few steps but
+hardly moves a median over many; when the machine's speed shifts between
+rounds, the steps move with it, so compare rows within a round (`all_step_ms`)
+as well as the medians. The plain loop, bare Lightning and the Trainer's
+defaults read the data sample by sample, as project_per_sample does: that row
+against the bare loop is what the project's bells alone cost a step.
+
 Where the project's default fit spends its time above the loop is measured
 too: from the call to the start of fit (parsing the config, building the
 classes, claiming the run directory, against the bare loop's own building and
 setup), and in its checkpoint saves (how many files written, how many copied
-from another). A heavier workload (the CNN at 128 channels, a step of tens
-of milliseconds on a CPU) repeats plain, bare and project. Cold starts are
-timed too: `fit --trainer.fast_dev_run true` against `python -c "import
-lightning.pytorch"`, and `doctor` against `python -c "import torch"`. On CUDA it adds the project's
-fit in fp32 against the resolved precision, with MFU and peak memory.
+from another). A heavier workload (the CNN at 128 channels, a step of tens of
+milliseconds on a CPU) repeats plain, bare and project. Cold starts are timed
+too: `fit --trainer.fast_dev_run true` against `python -c "import
+lightning.pytorch"`, and `doctor` against `python -c "import torch"`. On CUDA
+it adds the project's fit in fp32 against the resolved precision, with MFU and
+peak memory.
 """
 
 import argparse
@@ -101,12 +107,13 @@ def plain_loop(pkg, epochs: int, batch_size: int, channels: int) -> dict:
     return {
         "steps": steps,
         "val_acc": float(correct) / len(data.splits["val"]),
-        "step_ms": median_ms(cycles),
+        **steps_timed(cycles),
     }
 
 
-def median_ms(cycles: list[float]) -> float:
-    return 1000 * statistics.median(cycles)
+def steps_timed(cycles: list[float]) -> dict:
+    """The median step in ms (None when no epoch had two batches) and how many were timed."""
+    return {"step_ms": 1000 * statistics.median(cycles) if cycles else None, "cycles": len(cycles)}
 
 
 def fit_start():
@@ -154,7 +161,7 @@ def lightning_fit(pkg, epochs: int, batch_size: int, channels: int, bare: bool) 
         "steps": trainer.global_step,
         "val_acc": float(trainer.callback_metrics["val/acc"]),
         "before_fit_s": mark.at - started,
-        "step_ms": median_ms(mark.cycles),
+        **steps_timed(mark.cycles),
     }
 
 
@@ -215,7 +222,7 @@ def project_fit(pkg, epochs: int, batch_size: int, channels: int, *extra: str) -
         "val_acc": float(cli.trainer.checkpoint_callback.best_model_score),
         "precision": cli.trainer.precision,
         "before_fit_s": mark.at - started,
-        "step_ms": median_ms(mark.cycles),
+        **steps_timed(mark.cycles),
         "checkpoint_s": SAVES["seconds"],
         "checkpoints_written": SAVES["written"],
         "checkpoints_copied": SAVES["copied"],
@@ -228,6 +235,9 @@ def project_per_sample(pkg, epochs, batch_size, channels) -> dict:
 
 
 def project_compiled(pkg, epochs, batch_size, channels) -> dict:
+    import torch
+
+    torch._dynamo.reset()  # each run compiles, as a new process would (inductor's disk cache kept)
     return project_fit(pkg, epochs, batch_size, channels, "--compile.enabled=true")
 
 
@@ -238,6 +248,10 @@ def timed(fn, *args) -> tuple[float, dict]:
     return time.perf_counter() - start, result
 
 
+# Rows whose first-run cost is their point: left out of the warm-up round.
+COLD = {"project_compiled"}
+
+
 def interleaved(runs: dict, repeats: int, warmup: int, *args) -> tuple[dict, dict, dict]:
     """Seconds of each run over `repeats` rounds, each one's last result, and all its results.
 
@@ -245,8 +259,9 @@ def interleaved(runs: dict, repeats: int, warmup: int, *args) -> tuple[dict, dic
     process pay for warming caches and allocators, which is no row's own cost."""
     pkg, _, *rest = args
     with quiet():
-        for fn in runs.values() if warmup else ():
-            fn(pkg, warmup, *rest)
+        for name, fn in runs.items() if warmup else ():
+            if name not in COLD:
+                fn(pkg, warmup, *rest)
     seconds = {name: [] for name in runs}
     details, every = {}, {name: [] for name in runs}
     for _ in range(repeats):
@@ -262,8 +277,16 @@ def interleaved(runs: dict, repeats: int, warmup: int, *args) -> tuple[dict, dic
 def step_ms(every: dict) -> dict:
     """Each run's median step (its steady cost, which a burst of load on a shared
     machine hardly moves), the median of those over the repeats."""
+    medians = {}
+    for name, results in every.items():
+        timed = [r["step_ms"] for r in results if r["step_ms"] is not None]
+        medians[name] = round(statistics.median(timed), 2) if timed else None
+    return medians
+
+
+def all_step_ms(every: dict) -> dict:
     return {
-        name: round(statistics.median(r["step_ms"] for r in results), 2)
+        name: [None if r["step_ms"] is None else round(r["step_ms"], 2) for r in results]
         for name, results in every.items()
     }
 
@@ -355,8 +378,8 @@ def main() -> None:
     cold["fast_dev_run_over_import_s"] = cold["fast_dev_run_s"] - cold["import_lightning_s"]
     cold["doctor_over_import_torch_s"] = cold["doctor_s"] - cold["import_torch_s"]
 
-    def ratio(a: float, b: float) -> float:
-        return round(a / b, 3)
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return None if a is None or b is None else round(a / b, 3)
 
     steps, heavy_steps = step_ms(every), step_ms(heavy_every)
     report = {
@@ -400,7 +423,13 @@ def main() -> None:
             ratio(medians["project_compiled"], medians["project"]) if not args.no_compile else None
         ),
         "step_ms": steps,
+        "all_step_ms": all_step_ms(every),
+        "step_cycles": {name: details[name]["cycles"] for name in runs},
         "ratio_step_project_over_lightning_bare": ratio(steps["project"], steps["lightning_bare"]),
+        # The same data path as the bare loop's: what the bells alone cost a step.
+        "ratio_step_per_sample_over_lightning_bare": ratio(
+            steps["project_per_sample"], steps["lightning_bare"]
+        ),
         "ratio_step_project_over_plain": ratio(steps["project"], steps["plain"]),
         "val_acc": {name: round(details[name]["val_acc"], 4) for name in runs},
         "project_breakdown": breakdown(every["project"], every["lightning_bare"]),
@@ -420,6 +449,7 @@ def main() -> None:
             "ratio_project_over_plain": ratio(heavy["project"], heavy["plain"]),
             "ratio_project_over_lightning_bare": ratio(heavy["project"], heavy["lightning_bare"]),
             "step_ms": heavy_steps,
+            "all_step_ms": all_step_ms(heavy_every),
             "ratio_step_project_over_plain": ratio(heavy_steps["project"], heavy_steps["plain"]),
             "ratio_step_project_over_lightning_bare": ratio(
                 heavy_steps["project"], heavy_steps["lightning_bare"]

@@ -45,15 +45,23 @@ def test_benchmark_writes_its_json(tmp_path):
     # Each run's median step, timed from one batch's start to the next's.
     steps = report["step_ms"]
     assert set(steps) == set(seconds) and all(ms > 0 for ms in steps.values())
+    # Every batch but each epoch's first closes a timed step, in every row.
+    assert report["step_cycles"] == {name: 20 - 1 for name in seconds}
+    assert report["all_step_ms"] == {name: [ms] for name, ms in steps.items()}
     for name in ("lightning_bare", "plain"):
         step_ratio = steps["project"] / steps[name]
         assert report[f"ratio_step_project_over_{name}"] == pytest.approx(step_ratio, rel=0.01)
+    assert report["ratio_step_per_sample_over_lightning_bare"] == pytest.approx(
+        steps["project_per_sample"] / steps["lightning_bare"], rel=0.01
+    )
     heavy = report["heavy"]
     assert heavy["channels"] == 128 and heavy["steps"] == 20
     assert set(heavy["step_ms"]) == {"plain", "lightning_bare", "project"}
-    assert heavy["ratio_step_project_over_plain"] == pytest.approx(
-        heavy["step_ms"]["project"] / heavy["step_ms"]["plain"], rel=0.01
-    )
+    assert all(ms > 0 for ms in heavy["step_ms"].values())
+    for name in ("lightning_bare", "plain"):
+        assert heavy[f"ratio_step_project_over_{name}"] == pytest.approx(
+            heavy["step_ms"]["project"] / heavy["step_ms"][name], rel=0.01
+        )
     assert heavy["ratio_project_over_plain"] == pytest.approx(
         heavy["seconds"]["project"] / heavy["seconds"]["plain"], rel=0.01
     )
