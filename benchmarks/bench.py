@@ -39,6 +39,17 @@ too: `fit --trainer.fast_dev_run true` against `python -c "import
 lightning.pytorch"`, and `doctor` against `python -c "import torch"`. On CUDA
 it adds the project's fit in fp32 against the resolved precision, with MFU and
 peak memory.
+
+The null workload measures the host's own work a step, which on a GPU is all
+a small model's step is: a second project is rendered and its `project.py`
+pointed at a near-null model (`nn.Linear(16, 1)`, batch 16, in-memory data),
+as a user plugs in their own. Plain loop, bare Lightning, Lightning's
+`Trainer()` defaults and the project's `fit` (also without its progress bar,
+without its logger, and without both: what each bell costs) each run it for a
+short and a long number of steps (`--null-steps`), interleaved over the
+repeats; the difference over the extra steps is each row's marginal cost a
+step in microseconds, with every fixed cost (building, setup, validation, the
+last checkpoint) dropped out.
 """
 
 import argparse
@@ -58,6 +69,54 @@ from cookiecutter.main import cookiecutter
 
 TEMPLATE = Path(__file__).resolve().parents[1]
 HEAVY_CHANNELS = 128
+NULL_NAME = "Null Step"  # the second project, whose project.py names the near-null model
+NULL_FEATURES, NULL_BATCH = 16, 16
+# model.py of the null project, as a user writes theirs.
+NULL_MODEL = """import torch
+from lightning.pytorch import LightningModule
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from null_step.kit.data import SplitDataModule
+
+
+class NullModel(LightningModule):
+    def __init__(self, features: int = 16):
+        super().__init__()
+        self.net = nn.Linear(features, 1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.mse_loss(self.net(x), y)
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val/loss", nn.functional.mse_loss(self.net(x), y))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class NullData(SplitDataModule):
+    def __init__(self, batch_size: int = 16, batches: int = 100, features: int = 16):
+        super().__init__(batch_size=batch_size)
+
+    def make_splits(self):
+        h = self.hparams
+        generator = torch.Generator().manual_seed(0)
+        x = torch.randn(h.batch_size * (h.batches + 2), h.features, generator=generator)
+        y = torch.randn(len(x), 1, generator=generator)
+        val = 2 * h.batch_size
+        test = TensorDataset(x[:val], y[:val])
+        return {"train": TensorDataset(x[val:], y[val:]), "val": test, "test": test}
+"""
+NULL_PROJECT = """from null_step.model import NullData as DataModule
+from null_step.model import NullModel as Model
+
+MONITOR = "val/loss"
+MODE = "min"
+TARGET = 10.0
+"""
 
 
 def quiet():
@@ -216,7 +275,7 @@ def project_fit(pkg, epochs: int, batch_size: int, channels: int, *extra: str) -
         ],
         callbacks=[mark],
     )
-    health = next(c for c in cli.trainer.callbacks if type(c).__name__ == "TrainingHealth")
+    health = pkg.callbacks.find_callback(cli.trainer, pkg.health.TrainingHealth)
     return {
         "steps": cli.trainer.global_step,
         "val_acc": float(cli.trainer.checkpoint_callback.best_model_score),
@@ -239,6 +298,142 @@ def project_compiled(pkg, epochs, batch_size, channels) -> dict:
 
     torch._dynamo.reset()  # each run compiles, as a new process would (inductor's disk cache kept)
     return project_fit(pkg, epochs, batch_size, channels, "--compile.enabled=true")
+
+
+def package_of(project: Path) -> argparse.Namespace:
+    """The rendered `project`'s modules the benchmarks use, imported."""
+    sys.path.insert(0, str(project / "src"))
+    package = project.name.replace("-", "_")
+    modules = {
+        "cli": "kit.cli",
+        "callbacks": "kit.callbacks",
+        "checkpoints": "kit.checkpoints",
+        "health": "kit.health",
+        "data": "data",
+        "model": "model",
+    }
+    return argparse.Namespace(
+        **{name: importlib.import_module(f"{package}.{path}") for name, path in modules.items()}
+    )
+
+
+def null_package(work: Path) -> argparse.Namespace:
+    """The null project: rendered, its model.py and project.py replaced, imported."""
+    project = Path(
+        cookiecutter(
+            str(TEMPLATE),
+            no_input=True,
+            output_dir=str(work),
+            extra_context={"project_name": NULL_NAME},
+        )
+    )
+    package = project / "src" / "null_step"
+    (package / "model.py").write_text(NULL_MODEL)
+    (package / "project.py").write_text(NULL_PROJECT)
+    sys.path.insert(0, str(project / "src"))
+    return argparse.Namespace(
+        root=project,
+        cli=importlib.import_module("null_step.kit.cli"),
+        model=importlib.import_module("null_step.model"),
+    )
+
+
+def null_plain(null, steps: int) -> None:
+    import torch
+
+    torch.manual_seed(0)
+    data = null.model.NullData(batches=steps)
+    data.setup("fit")
+    model = null.model.NullModel()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for x, y in data.train_dataloader():
+        loss = torch.nn.functional.mse_loss(model.net(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+def null_lightning(null, steps: int, bare: bool) -> None:
+    from lightning.pytorch import Trainer, seed_everything
+
+    seed_everything(0)
+    off = dict(
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer = Trainer(max_steps=steps, limit_val_batches=2, **(off if bare else {}))
+    trainer.fit(null.model.NullModel(), null.model.NullData(batches=steps))
+
+
+def null_project(null, steps: int, *flags: str) -> None:
+    null.cli.main(
+        [
+            "fit",
+            f"--trainer.max_steps={steps}",
+            "--trainer.limit_val_batches=2",
+            f"--data.batches={steps}",
+            *flags,
+        ]
+    )
+
+
+NO_BAR, NO_LOGGER = "--trainer.enable_progress_bar=false", "--trainer.logger=false"
+NULL_ROWS = {
+    "plain": null_plain,
+    "lightning_bare": lambda null, steps: null_lightning(null, steps, bare=True),
+    "trainer": lambda null, steps: null_lightning(null, steps, bare=False),
+    "project": null_project,
+    # What each bell costs: the project without it.
+    "project_no_bar": lambda null, steps: null_project(null, steps, NO_BAR),
+    "project_no_logger": lambda null, steps: null_project(null, steps, NO_LOGGER),
+    "project_no_bar_no_logger": lambda null, steps: null_project(null, steps, NO_BAR, NO_LOGGER),
+}
+
+
+def null_workload(null, repeats: int, steps: int) -> dict:
+    """Each row's marginal host cost a step, in microseconds: the time of a run of
+    `steps` steps less one of `steps // 5`, over the extra steps; medians over `repeats`."""
+    short = max(2, steps // 5)
+    previous = Path.cwd()
+    os.chdir(null.root)  # its runs' logs and checkpoints land in its own folder
+    try:
+        with quiet():
+            for fn in NULL_ROWS.values():  # warm-up: first runs in a process pay for caches
+                fn(null, short)
+        every = {name: [] for name in NULL_ROWS}
+        for _ in range(repeats):
+            for name, fn in NULL_ROWS.items():
+                times = []
+                for n in (short, steps):
+                    start = time.perf_counter()
+                    with quiet():
+                        fn(null, n)
+                    times.append(time.perf_counter() - start)
+                every[name].append(1e6 * (times[1] - times[0]) / (steps - short))
+    finally:
+        os.chdir(previous)
+    step_us = {name: round(statistics.median(us), 1) for name, us in every.items()}
+    return {
+        "model": f"nn.Linear({NULL_FEATURES}, 1), batch {NULL_BATCH}, data in memory",
+        "steps": [short, steps],
+        "step_us": step_us,
+        "all_step_us": {name: [round(us, 1) for us in every[name]] for name in every},
+        "ratio_project_over_lightning_bare": round(
+            step_us["project"] / step_us["lightning_bare"], 3
+        ),
+        "ratio_project_over_trainer": round(step_us["project"] / step_us["trainer"], 3),
+        "ratio_lightning_bare_over_plain": round(step_us["lightning_bare"] / step_us["plain"], 3),
+        # Each bell's cost a step: the project with it less the project without it.
+        "bells_us": {
+            "checkpoints_and_kit_callbacks": round(
+                step_us["project_no_bar_no_logger"] - step_us["lightning_bare"], 1
+            ),
+            "progress_bar": round(step_us["project"] - step_us["project_no_bar"], 1),
+            "logger": round(step_us["project"] - step_us["project_no_logger"], 1),
+        },
+    }
 
 
 def timed(fn, *args) -> tuple[float, dict]:
@@ -320,20 +515,20 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64, help="the project's default")
     parser.add_argument("--warmup-epochs", type=int, default=1, help="0: no warm-up round")
     parser.add_argument("--no-compile", action="store_true", help="skip the compiled row")
+    parser.add_argument(
+        "--null-steps", type=int, default=1100, help="the null workload's long run, in steps"
+    )
     parser.add_argument("--output", type=Path, default=TEMPLATE / "benchmarks" / "latest.json")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="bench-"))
     project = Path(cookiecutter(str(TEMPLATE), no_input=True, output_dir=str(work)))
-    sys.path.insert(0, str(project / "src"))
-    package = project.name.replace("-", "_")
-    modules = {"cli": "kit.cli", "data": "data", "model": "model"}
-    pkg = argparse.Namespace(
-        **{name: importlib.import_module(f"{package}.{path}") for name, path in modules.items()}
-    )
+    pkg = package_of(project)
     import torch
 
-    count_saves(importlib.import_module(f"{package}.kit.checkpoints"))
+    count_saves(pkg.checkpoints)
+    package = project.name.replace("-", "_")
+    null = null_package(work)
     os.chdir(project)  # logs and checkpoints land in the scratch project
     runs = {
         "plain": plain_loop,
@@ -359,6 +554,8 @@ def main() -> None:
         HEAVY_CHANNELS,
     )
     heavy = {name: statistics.median(times) for name, times in heavy_seconds.items()}
+
+    null_report = null_workload(null, args.repeats, args.null_steps)
 
     env = {**os.environ, "PYTHONPATH": str(project / "src")}
     python = sys.executable
@@ -457,6 +654,7 @@ def main() -> None:
             "project_breakdown": breakdown(heavy_every["project"], heavy_every["lightning_bare"]),
         },
         "cold_start": {k: round(v, 3) for k, v in cold.items()},
+        "null": null_report,
     }
     if torch.cuda.is_available():
         fp32, result = timed(

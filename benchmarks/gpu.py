@@ -9,7 +9,6 @@ in use) and peak memory. Printed as a table and written as JSON. Needs CUDA.
 """
 
 import argparse
-import importlib
 import json
 import sys
 import tempfile
@@ -37,12 +36,7 @@ def main() -> int:
         return 1
     work = Path(tempfile.mkdtemp(prefix="gpu-check-"))
     project = Path(cookiecutter(str(TEMPLATE), no_input=True, output_dir=str(work)))
-    sys.path.insert(0, str(project / "src"))
-    modules = {"cli": "kit.cli", "data": "data", "model": "model"}
-    package = project.name.replace("-", "_")
-    pkg = argparse.Namespace(
-        **{name: importlib.import_module(f"{package}.{path}") for name, path in modules.items()}
-    )
+    pkg = bench.package_of(project)
     import os
 
     os.chdir(project)

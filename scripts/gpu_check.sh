@@ -1,28 +1,55 @@
 #!/usr/bin/env bash
 # The GPU path, proven in one command on a CUDA machine (a few minutes):
-#   1. renders the default project and runs its GPU-marked tests (bf16 fit,
-#      parameters and batches on the GPU, peak memory);
-#   2. benchmarks it on CUDA: the plain fp32 loop, the project in fp32 and in
-#      the resolved precision, eager and compiled, with samples/s, data wait,
-#      MFU and peak memory, as a table and a JSON file (GPU_CHECK_OUTPUT, default
+#   1. renders the default project and runs its GPU-marked tests: a fit in the
+#      resolved precision with parameters and batches on the GPU, in-memory data
+#      sliced there with no copy per batch, no sync between logging steps (CUDA's
+#      sync debug mode), MFU and peak memory in the health report;
+#   2. benchmarks it on CUDA: the plain fp32 loop, the project in fp32 and in the
+#      resolved precision, eager and compiled, with samples/s, data wait, MFU and
+#      peak memory, as a table and a JSON file (GPU_CHECK_OUTPUT, default
 #      build/gpu-check/gpu_check.json).
 # On a machine without CUDA it says so in one line and exits 1.
-# PYTHON names an interpreter that already has torch and the template's tools;
-# without it, the .venv of scripts/_env.sh is made and used.
+#
+# Where it gets its packages:
+#   PYTHON=<python>   an interpreter with a CUDA build of torch (default: python3);
+#   WHEELHOUSE=<dir>  for a node without internet: a folder made elsewhere by
+#                     scripts/wheelhouse.py. Everything is installed from it alone
+#                     (pip --no-index) into build/gpu-check/venv, which also sees
+#                     PYTHON's own packages, so the node's torch is the one used;
+#   neither           the template's .venv (scripts/_env.sh), with torch from the index.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ -z "${PYTHON:-}" ]; then
-    python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null ||
-        { echo "gpu_check: no CUDA device here (torch.cuda.is_available() is False); nothing to check" >&2; exit 1; }
+no_cuda() {
+    "$1" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null && return 1
+    echo "gpu_check: no CUDA device here (torch.cuda.is_available() is False); nothing to check" >&2
+    return 0
+}
+if [ -n "${WHEELHOUSE:-}" ]; then
+    base="${PYTHON:-python3}"
+    if no_cuda "$base"; then exit 1; fi
+    venv=build/gpu-check/venv
+    echo "==> Installing from $WHEELHOUSE alone into $venv (keeping $base's torch)" >&2
+    "$base" -m venv "$venv"
+    # The venv sees the base interpreter's packages (after its own): torch among them.
+    "$base" -c "import site; print('\n'.join(site.getsitepackages()))" \
+        >"$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_path('purelib'))")/base.pth"
+    PYTHON="$venv/bin/python"
+    export PIP_CONFIG_FILE=/dev/null PIP_NO_INDEX=1 PIP_FIND_LINKS="$WHEELHOUSE"
+    "$PYTHON" -m pip install -q --disable-pip-version-check "cookiecutter>=2.7,<2.8"
+elif [ -z "${PYTHON:-}" ]; then
+    if no_cuda python3; then exit 1; fi
     . scripts/_env.sh
     PYTHON=python
 fi
-"$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null ||
-    { echo "gpu_check: no CUDA device here (torch.cuda.is_available() is False); nothing to check" >&2; exit 1; }
+if no_cuda "$PYTHON"; then exit 1; fi
 out="${GPU_CHECK_OUTPUT:-build/gpu-check/gpu_check.json}"
 work=$(mktemp -d)
 "$PYTHON" -m cookiecutter . --no-input --output-dir "$work" >/dev/null
+project="$work/my-lightning-project"
+if [ -n "${WHEELHOUSE:-}" ]; then
+    "$PYTHON" -m pip install -q --disable-pip-version-check -e "$project[dev]"
+fi
 echo "==> GPU tests of the rendered project" >&2
-(cd "$work/my-lightning-project" && PYTHONPATH=src "$PYTHON" -m pytest -q -n 0 -m gpu -p no:cacheprovider)
+(cd "$project" && PYTHONPATH=src "$PYTHON" -m pytest -q -n 0 -m gpu -p no:cacheprovider)
 echo "==> Benchmark on CUDA" >&2
 "$PYTHON" benchmarks/gpu.py --output "$out"

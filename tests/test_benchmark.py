@@ -20,6 +20,7 @@ def test_benchmark_writes_its_json(tmp_path):
         "--heavy-epochs=1",
         "--no-compile",  # the compile switch has its own test in the rendered project
         "--warmup-epochs=0",  # nothing is compared: no warm-up round
+        "--null-steps=30",
         f"--output={output}",
         cwd=tmp_path,
         timeout=600,
@@ -73,6 +74,20 @@ def test_benchmark_writes_its_json(tmp_path):
     assert report["project_health"]["flops_per_batch"] > 0
     assert 0 <= report["project_health"]["data_wait_share"] <= 1
     assert report["project_health"]["samples_per_s"] > 0
+    # The host's own work a step, on the near-null model: marginal microseconds.
+    null = report["null"]
+    assert null["steps"] == [6, 30]
+    rows = {"plain", "lightning_bare", "trainer", "project"}
+    rows |= {"project_no_bar", "project_no_logger", "project_no_bar_no_logger"}
+    assert set(null["step_us"]) == rows and set(null["all_step_us"]) == rows
+    assert all(len(us) == 1 for us in null["all_step_us"].values())
+    us = null["step_us"]
+    assert null["ratio_project_over_lightning_bare"] == pytest.approx(
+        us["project"] / us["lightning_bare"], rel=0.01
+    )
+    assert null["bells_us"]["progress_bar"] == pytest.approx(
+        us["project"] - us["project_no_bar"], abs=0.2
+    )
     cold = report["cold_start"]
     for key in ("import_lightning_s", "fast_dev_run_s", "import_torch_s", "doctor_s"):
         assert cold[key] > 0

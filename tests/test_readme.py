@@ -127,6 +127,16 @@ RENDERED_RULES = [
 TEMPLATE_RULES = [
     (r"bash scripts/demo\.sh", "covered test_demo_renders_installs_and_trains below"),
     (r"bash scripts/test\.sh", "covered .ci/run: this very suite"),
+    (
+        r"(WHEELHOUSE=build/wheelhouse )?bash scripts/gpu_check\.sh",
+        "covered tests/test_benchmark.py (one line and exit 1 without CUDA; the whole check"
+        " on a machine with CUDA)",
+    ),
+    (
+        r"python scripts/wheelhouse\.py build/wheelhouse --python-version 3\.12 --torch 2\.11\.0",
+        "covered tests/test_wheelhouse.py (built for this machine's Python, then installed with"
+        " no index beside torch alone)",
+    ),
     (r'pip install "cookiecutter>=2\.7"', "run"),
     (r"cookiecutter gh:<org>/cookiecutter-lightning", "skip a placeholder for the hosted copy"),
     (

@@ -82,13 +82,14 @@ def expected_files(package: str, answers: dict) -> set[str]:
     answers = {**DEFAULTS, **answers}
     users = "__init__ __main__ data model project"
     kit = (
-        "__init__ callbacks checkpoints cli data doctor export hardware health hints predict runs"
-        " sweep trial"
+        "__init__ callbacks checkpoints cli console data doctor export hardware health hints peaks"
+        " predict runs sweep trial"
     )
     tests = (
-        "conftest instruments test_bad_input test_callbacks test_checkpoints test_cli test_compile"
-        " test_data test_ddp test_doctor test_example test_export test_faults test_gpu"
-        " test_hardware test_health test_hints test_model test_runs test_sweep"
+        "conftest host_syncs instruments test_bad_input test_callbacks test_checkpoints test_cli"
+        " test_compile test_data test_ddp test_doctor test_example test_export test_faults"
+        " test_gpu test_hardware test_health test_hints test_model test_peaks test_runs"
+        " test_sweep test_syncs"
     )
     configs = "accumulate ddp debug default gpu profile sweep"
     files = {

@@ -1,5 +1,6 @@
-"""The environment report says what the run will really use; the progress bar
-reads metrics only when they are new.
+"""The environment report says what the run will really use; the progress bar is
+redrawn a few times a second, whatever a step takes; the kit's callbacks cost
+Lightning one callback a hook.
 
 Kit test: the fit runs whatever model and data `project.py` names.
 """
@@ -7,22 +8,27 @@ Kit test: the fit runs whatever model and data `project.py` names.
 import logging
 from types import SimpleNamespace
 
-import pytest
 import torch
-from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.callbacks.progress.progress_bar import ProgressBar
+from conftest import FakeClock
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.profilers import SimpleProfiler
 from torch.utils.data import DataLoader, TensorDataset
 
 from {{ cookiecutter.package_name }}.kit.callbacks import (
     EnvironmentReport,
-    RichBar,
-    TQDMBar,
+    FailureContext,
+    KitCallbacks,
+    NoProfiler,
     collect_environment,
+    find_callback,
     format_environment,
     torch_build,
 )
 from {{ cookiecutter.package_name }}.kit.cli import main
+from {{ cookiecutter.package_name }}.kit.console import Summary, TQDMBar, TrainLoss
 from {{ cookiecutter.package_name }}.kit.doctor import cuda_devices
+from {{ cookiecutter.package_name }}.kit.health import TrainingHealth
 
 GPU_FACTS = {
     "torch": "2.5.1+cu124",
@@ -74,7 +80,7 @@ def test_report_of_a_multi_gpu_run_shows_every_fact():
 def test_report_on_this_machine_at_fit_start(workdir, caplog):
     with caplog.at_level(logging.INFO):
         cli = main(["fit", "--trainer.fast_dev_run=true", "--trainer.accumulate_grad_batches=2"])
-    (report,) = [c for c in cli.trainer.callbacks if isinstance(c, EnvironmentReport)]
+    report = find_callback(cli.trainer, EnvironmentReport)
     facts = report.facts
     assert facts["torch"] == torch.__version__
     assert facts["torch_build"] == torch_build()
@@ -134,13 +140,15 @@ def test_free_memory_is_asked_of_the_own_device_only(monkeypatch):
 
 
 class LogsEveryStep(LightningModule):
-    """Logs the step number to the progress bar at every step, as many modules do."""
+    """Logs the step number to the progress bar at every step; each step takes 0.2 s."""
 
-    def __init__(self):
+    def __init__(self, clock: FakeClock):
         super().__init__()
+        self.clock = clock
         self.layer = torch.nn.Linear(2, 1)
 
     def training_step(self, batch, batch_idx):
+        self.clock.advance(0.2)
         self.log("shown", float(self.global_step + 1), prog_bar=True)
         return self.layer(batch[0]).sum()
 
@@ -148,50 +156,87 @@ class LogsEveryStep(LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
-def fit_counting_reads(tmp_path, monkeypatch, callback) -> list[int]:
-    """Seven steps logged every third; the steps after which the bar read the metrics."""
-    reads = []
-    read = ProgressBar.get_metrics
+def test_the_bar_redraws_every_interval_and_at_the_last_batch(tmp_path, monkeypatch):
+    clock = FakeClock()
+    bar = TQDMBar(interval=0.5)
+    bar.clock = clock
+    drawn = []
+    read = TQDMProgressBar.on_train_batch_end
 
-    def counted(self, trainer, pl_module):
-        if self._in_step:
-            reads.append(trainer.global_step)
-        return read(self, trainer, pl_module)
+    def counted(self, trainer, pl_module, outputs, batch, batch_idx):
+        drawn.append(batch_idx + 1)
+        return read(self, trainer, pl_module, outputs, batch, batch_idx)
 
-    monkeypatch.setattr(ProgressBar, "get_metrics", counted)
+    monkeypatch.setattr(TQDMProgressBar, "on_train_batch_end", counted)
     trainer = Trainer(
         accelerator="cpu",
-        max_steps=7,
-        log_every_n_steps=3,
-        callbacks=[callback],
+        max_epochs=1,
+        callbacks=[bar],
         default_root_dir=tmp_path,
         logger=False,
         enable_checkpointing=False,
         enable_model_summary=False,
     )
-    trainer.fit(LogsEveryStep(), DataLoader(TensorDataset(torch.ones(8, 2)), batch_size=1))
-    return reads
-
-
-@pytest.mark.parametrize("bar", [RichBar, TQDMBar])
-def test_the_bar_reads_metrics_only_on_logging_steps(tmp_path, monkeypatch, bar):
-    callback = bar()
-    # After a step: the first, and the logging steps 3 and 6; the epoch's end
-    # reads the last step's value.
-    assert fit_counting_reads(tmp_path, monkeypatch, callback) == [1, 3, 6]
-    assert callback._shown["shown"] == 7.0
-
-
-def test_a_bar_refreshed_every_other_step_still_reads_each_logging_steps_values(
-    tmp_path, monkeypatch
-):
-    # It refreshes after steps 2, 4 and 6: it reads at 2 (its first), at 4 (step 3
-    # logged) and at 6 (which logged).
-    assert fit_counting_reads(tmp_path, monkeypatch, TQDMBar(refresh_rate=2)) == [2, 4, 6]
+    trainer.fit(LogsEveryStep(clock), DataLoader(TensorDataset(torch.ones(8, 2)), batch_size=1))
+    # Steps end at 0.2, 0.4, ... s: drawn at the first, then every 0.6 s, and at the last.
+    assert drawn == [1, 4, 7, 8]
+    assert bar.train_progress_bar.n == 8
+    assert bar.get_metrics(trainer, trainer.lightning_module)["shown"] == 8.0
 
 
 def test_the_cli_uses_the_bar_and_leaves_it_out_when_disabled(workdir):
     cli = main(["--trainer.logger=false"], run=False)
-    assert type(cli.trainer.progress_bar_callback) in (RichBar, TQDMBar)
+    assert type(cli.trainer.progress_bar_callback) is TQDMBar
     cli = main(["--trainer.logger=false", "--trainer.enable_progress_bar=false"], run=False)
     assert cli.trainer.progress_bar_callback is None
+
+
+class Counts(Callback):
+    def __init__(self):
+        self.calls = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.calls.append(("end", type(self).__name__))
+
+    def state_dict(self):
+        return {"calls": len(self.calls)}
+
+    def load_state_dict(self, state_dict):
+        self.calls = [None] * state_dict["calls"]
+
+
+class AlsoStarts(Counts):
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.calls.append(("start", type(self).__name__))
+
+
+def test_the_kits_callbacks_cost_a_hook_only_where_a_part_defines_it():
+    first, second, quiet = Counts(), AlsoStarts(), EnvironmentReport()
+    kit = KitCallbacks([first, second, quiet])
+    # One part: its own method; none: the base class's empty one; several: in order.
+    assert kit.on_train_batch_start == second.on_train_batch_start
+    assert type(kit).on_before_backward is Callback.on_before_backward
+    assert "on_before_backward" not in vars(kit)
+    kit.on_train_batch_end(None, None, None, None, 0)
+    assert first.calls == [("end", "Counts")] and second.calls == [("end", "AlsoStarts")]
+    # Each part's state under its own name, back to each part.
+    state = kit.state_dict()
+    assert state == {"Counts": dict(calls=1), "AlsoStarts": dict(calls=1)}
+    again = [Counts(), AlsoStarts()]
+    KitCallbacks(again).load_state_dict(state)
+    assert [len(part.calls) for part in again] == [1, 1]
+    assert find_callback(SimpleNamespace(callbacks=[kit]), AlsoStarts) is second
+
+
+def test_the_cli_trainer_calls_three_callbacks_a_step_and_profiles_nothing(workdir):
+    """Lightning calls every hook of every callback, about six a step: the kit's own are one."""
+    cli = main(["fit", "--trainer.logger=false", "--trainer.fast_dev_run=true"])
+    names = [type(callback).__name__ for callback in cli.trainer.callbacks]
+    assert names == ["KitCallbacks", "TQDMBar", "BestAndLast"]
+    for kind in (EnvironmentReport, FailureContext, TrainLoss, TrainingHealth, Summary):
+        assert find_callback(cli.trainer, kind) is not None, kind
+    assert type(cli.trainer.profiler) is NoProfiler
+    with cli.trainer.profiler.profile("a hook"):
+        pass
+    cli = main(["--trainer.logger=false", "--trainer.profiler=simple"], run=False)
+    assert type(cli.trainer.profiler) is SimpleProfiler

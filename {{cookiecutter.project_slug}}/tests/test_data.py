@@ -8,10 +8,12 @@ import pytest
 import torch
 from conftest import configured, first_batch, same_values
 from lightning.pytorch import Trainer
-from torch.utils.data import ConcatDataset, DataLoader, Dataset, TensorDataset
+from torch.overrides import TorchFunctionMode
+from torch.utils.data import ConcatDataset, DataLoader, Dataset, DistributedSampler, TensorDataset
 
 from {{ cookiecutter.package_name }}.kit.data import (
     LoaderSettings,
+    SlicedLoader,
     SplitDataModule,
     TensorBatches,
     fits_on,
@@ -176,3 +178,84 @@ def test_tensors_stay_where_they_are_without_cuda():
     datamodule.setup("fit")  # no Trainer: the CPU
     assert datamodule.splits["train"].tensors[0].device.type == "cpu"
     assert not fits_on(torch.device("cpu"), [torch.zeros(1)])
+
+
+def numbered(n: int) -> TensorBatches:
+    """Samples whose values are their indices: a batch shows which samples it holds."""
+    return TensorBatches(torch.arange(n, dtype=torch.float32).unsqueeze(1), torch.arange(n))
+
+
+def held(loader) -> list[int]:
+    return [int(i) for batch in loader for i in batch[1]]
+
+
+def test_sliced_batches_follow_the_samplers_order():
+    loader = SlicedLoader(numbered(10), batch_size=4, shuffle=True)
+    torch.manual_seed(0)
+    order = list(loader.sampler)
+    torch.manual_seed(0)
+    batches = list(loader)
+    assert [len(b[1]) for b in batches] == [4, 4, 2] == [len(b[0]) for b in batches]
+    assert [int(i) for b in batches for i in b[1]] == order != list(range(10))
+    assert len(loader) == 3
+    loader = SlicedLoader(numbered(10), batch_size=4, drop_last=True)
+    assert held(loader) == list(range(8)) and len(loader) == 2
+
+
+def test_sliced_batches_under_ddp_are_each_ranks_own_shard_reshuffled_every_epoch():
+    data = numbered(11)
+    seen = {}
+    for epoch in (0, 1):
+        for rank in (0, 1):
+            sampler = DistributedSampler(data, num_replicas=2, rank=rank, shuffle=True, seed=3)
+            sampler.set_epoch(epoch)  # what Lightning does before each epoch
+            loader = SlicedLoader(data, batch_size=3, sampler=sampler)
+            seen[rank, epoch] = held(loader)
+            assert seen[rank, epoch] == list(sampler)
+        assert set(seen[0, epoch]) | set(seen[1, epoch]) == set(range(11))
+        assert len(set(seen[0, epoch]) & set(seen[1, epoch])) <= 1  # the padding sample
+    assert seen[0, 0] != seen[0, 1]
+
+
+class CopiesToTheDevice(TorchFunctionMode):
+    """Counts the copies from host memory onto the `meta` device (standing in for a GPU)."""
+
+    def __init__(self):
+        super().__init__()
+        self.copies = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        source = args[0] if args else None
+        from_host = not isinstance(source, torch.Tensor) or source.device.type == "cpu"
+        made_there = isinstance(result, torch.Tensor) and result.device.type == "meta"
+        copies = getattr(func, "__name__", "") in ("to", "as_tensor", "tensor")
+        if copies and made_there and from_host:
+            self.copies += 1
+        return result
+
+
+def test_data_on_the_device_is_copied_once_an_epoch_not_once_a_batch():
+    on_device = TensorBatches(*(t.to("meta") for t in numbered(40).tensors))
+    loader = SlicedLoader(on_device, batch_size=4, shuffle=True)
+    with CopiesToTheDevice() as counted:
+        for _ in range(2):  # two epochs of ten batches
+            batches = list(loader)
+            assert len(batches) == 10 and batches[0][0].device.type == "meta"
+    assert counted.copies == 2  # each epoch's order, once
+    # A DataLoader turns every batch's indices into a tensor on the device: a copy a batch.
+    with CopiesToTheDevice() as counted:
+        batches = list(DataLoader(on_device, batch_size=4, collate_fn=lambda batch: batch))
+    assert counted.copies == 10
+
+
+def test_the_configured_in_memory_data_is_sliced_where_the_steps_run():
+    cli = configured()
+    datamodule = cli.datamodule
+    datamodule.trainer = cli.trainer
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    loader = datamodule.train_dataloader()
+    if all(isinstance(split, TensorBatches) for split in datamodule.splits.values()):
+        assert isinstance(loader, SlicedLoader)
+        assert loader.num_workers == 0 and not loader.pin_memory

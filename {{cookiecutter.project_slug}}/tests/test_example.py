@@ -12,6 +12,7 @@ from lightning.pytorch import Trainer
 from optuna.trial import FixedTrial
 
 from {{ cookiecutter.package_name }}.data import DigitFiles, DigitsDataModule, write_digit_files
+from {{ cookiecutter.package_name }}.kit.callbacks import find_callback
 from {{ cookiecutter.package_name }}.kit.cli import main
 from {{ cookiecutter.package_name }}.kit.data import LoaderSettings
 from {{ cookiecutter.package_name }}.kit.health import TrainingHealth
@@ -52,7 +53,7 @@ def cnn_flops_per_sample(channels: int = 32, classes: int = 10) -> int:
 
 def test_the_health_report_counts_the_cnns_flops_exactly(workdir):
     cli = main(["fit", "--trainer.max_steps=1", "--trainer.logger=false", "--data.batch_size=16"])
-    (health,) = [c for c in cli.trainer.callbacks if isinstance(c, TrainingHealth)]
+    health = find_callback(cli.trainer, TrainingHealth)
     assert health.flops_per_batch == 16 * cnn_flops_per_sample() == 16 * 5_397_504
 
 
@@ -143,7 +144,7 @@ def test_loader_workers_lower_the_data_wait_of_digit_files(workdir, monkeypatch,
         ],
         run=False,
     )
-    (health,) = [c for c in cli.trainer.callbacks if isinstance(c, TrainingHealth)]
+    health = find_callback(cli.trainer, TrainingHealth)
     health.clock = clock
     cli.trainer.fit(cli.model, cli.datamodule)
     assert health.summary["data_wait_share"] == pytest.approx(share, abs=1e-3)
@@ -160,6 +161,7 @@ from conftest import CONFIGS, configured
 from optuna.trial import FixedTrial
 
 from {{ cookiecutter.package_name }}.data import SyntheticRegressionDataModule
+from {{ cookiecutter.package_name }}.kit.callbacks import find_callback
 from {{ cookiecutter.package_name }}.kit.cli import main
 from {{ cookiecutter.package_name }}.kit.health import TrainingHealth
 from {{ cookiecutter.package_name }}.kit.sweep import as_flags, read_space, suggest
@@ -179,7 +181,7 @@ def test_the_split_is_70_15_15_and_the_same_every_time():
 
 def test_the_health_report_counts_the_mlps_flops_exactly(workdir):
     cli = main(["fit", "--trainer.max_steps=1", "--trainer.logger=false", "--data.batch_size=16"])
-    (health,) = [c for c in cli.trainer.callbacks if isinstance(c, TrainingHealth)]
+    health = find_callback(cli.trainer, TrainingHealth)
     # By hand, 2 FLOPs per multiply-add: forward 16->32->1; backward, each layer's
     # weight gradient again, and the second layer's input gradient.
     forward = 2 * (16 * 32 + 32 * 1)

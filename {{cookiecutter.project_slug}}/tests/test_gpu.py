@@ -1,45 +1,131 @@
-"""On a CUDA device: mixed precision, parameters and batches on the GPU, memory in use.
+"""On a CUDA device: mixed precision, the model and its batches on the GPU, data in
+memory sliced there with no copy a batch, no step that makes the host wait for the
+device between logging steps, and a health report with MFU and peak memory.
 
 Kit test: it runs whatever model and data `project.py` names. Skipped without CUDA.
 """
 
+import logging
+import warnings
+
 import pytest
 import torch
 from lightning.pytorch import Callback
+from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
+from {{ cookiecutter.package_name }}.kit.callbacks import find_callback
 from {{ cookiecutter.package_name }}.kit.cli import main
+from {{ cookiecutter.package_name }}.kit.data import SlicedLoader
 from {{ cookiecutter.package_name }}.kit.health import TrainingHealth
 
+WARM_UP = 3  # steps that may sync once: FLOP counting, cuDNN's choice of kernels
 
-class DeviceProbe(Callback):
-    """Records where the parameters and the batch live during training."""
+
+class CopiesToCuda(TorchFunctionMode):
+    """Counts tensors copied from host memory to a CUDA device."""
+
+    def __init__(self):
+        super().__init__()
+        self.copies = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        source = args[0] if args else None
+        from_host = not isinstance(source, torch.Tensor) or source.device.type == "cpu"
+        if from_host and isinstance(result, torch.Tensor) and result.is_cuda:
+            self.copies += getattr(func, "__name__", "") in ("to", "as_tensor", "tensor", "cuda")
+        return result
+
+
+class OnTheDevice(Callback):
+    """Per step after the first few: whether the logger wrote, the syncs CUDA saw (its
+    sync debug mode warns at each), the tensors copied from the host; and where the
+    parameters and the batches were."""
 
     def __init__(self):
         self.devices: set[str] = set()
+        self.steps: list[tuple[bool, list[str], int]] = []
+        self._copies = CopiesToCuda()
+        self._step = None
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self.devices |= {p.device.type for p in pl_module.parameters()}
+    def _close(self) -> None:
+        if self._step is None:
+            return
+        torch.cuda.set_sync_debug_mode(0)
+        logs, caught, recorded, copies_before = self._step
+        self._copies.__exit__(None, None, None)
+        caught.__exit__(None, None, None)
+        syncs = [str(w.message) for w in recorded if "synchronizing" in str(w.message)]
+        self.steps.append((logs, syncs, self._copies.copies - copies_before))
+        self._step = None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self._close()
         leaves, _ = tree_flatten(batch)
         self.devices |= {t.device.type for t in leaves if isinstance(t, torch.Tensor)}
+        self.devices |= {p.device.type for p in pl_module.parameters()}
+        if trainer.global_step < WARM_UP:
+            return
+        loop = trainer.fit_loop.epoch_loop
+        logs = trainer._logger_connector.should_update_logs and not loop._should_accumulate()
+        caught = warnings.catch_warnings(record=True)
+        recorded = caught.__enter__()
+        warnings.simplefilter("always")
+        self._copies.__enter__()
+        self._step = (bool(logs), caught, recorded, self._copies.copies)
+        torch.cuda.set_sync_debug_mode("warn")
+
+    def on_validation_start(self, trainer, pl_module):
+        self._close()
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        self._close()
+
+    def on_exception(self, trainer, pl_module, exception):
+        self._close()
 
 
 @pytest.mark.gpu
 @pytest.mark.slow
-def test_fit_on_gpu_in_the_resolved_precision(workdir):
-    torch.cuda.reset_peak_memory_stats()
-    probe = DeviceProbe()
-    cli = main(["--trainer.max_epochs=2", "--trainer.logger=false"], run=False)
-    cli.trainer.callbacks.append(probe)
-    cli.trainer.fit(cli.model, cli.datamodule)
+def test_fit_on_the_gpu_waits_for_nothing_between_logging_steps(workdir, caplog):
+    probe = OnTheDevice()
+    with caplog.at_level(logging.INFO):
+        cli = main(
+            [
+                "fit",
+                "--trainer.max_epochs=2",
+                "--trainer.log_every_n_steps=5",
+                "--trainer.logger=false",
+            ],
+            callbacks=[probe],
+        )
     trainer = cli.trainer
     assert probe.devices == {"cuda"}
-    assert torch.cuda.max_memory_allocated() > 0
-    assert trainer.train_dataloader.pin_memory is True
     bf16 = all(
         torch.cuda.get_device_capability(i)[0] >= 8 for i in range(torch.cuda.device_count())
     )
     assert trainer.precision == ("bf16-mixed" if bf16 else "16-mixed")
-    (health,) = [c for c in trainer.callbacks if isinstance(c, TrainingHealth)]
-    assert health.summary["peak_memory_mib"][0] > 0
-    assert health.summary["samples_per_s"] > 0
+
+    quiet = [step for step in probe.steps if not step[0]]
+    logging_steps = [step for step in probe.steps if step[0]]
+    assert quiet and logging_steps
+    # fp16 (cards without bf16) scales the loss, and PyTorch's GradScaler reads whether
+    # the gradients overflowed at every optimizer step: one read a step, by design.
+    allowed = 0 if trainer.precision == "bf16-mixed" else 1
+    assert [syncs for _, syncs, _ in quiet if len(syncs) > allowed] == []
+    assert all(len(syncs) <= 1 + allowed for _, syncs, _ in logging_steps), logging_steps
+    loader = trainer.train_dataloader
+    if isinstance(loader, SlicedLoader) and loader.dataset.tensors[0].is_cuda:
+        # Data in GPU memory: each batch a slice there, nothing copied from the host.
+        assert [copies for _, _, copies in probe.steps] == [0] * len(probe.steps)
+
+    health = find_callback(trainer, TrainingHealth)
+    summary = health.summary
+    assert summary["clock"] == "device"
+    assert summary["peak_memory_mib"][0] > 0 and summary["samples_per_s"] > 0
+    assert summary["flops_per_batch"] and summary["flops_per_s"] > 0
+    line = next(r.message for r in caplog.records if r.message.startswith("Training health"))
+    assert "MFU " in line or "MFU: peak unknown for" in line
+    if summary["mfu"] is not None:
+        assert 0 < summary["mfu"] < 1

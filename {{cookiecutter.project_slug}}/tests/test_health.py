@@ -11,8 +11,10 @@ import pytest
 import torch
 from conftest import FakeClock
 from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.loggers import Logger
 from torch.utils.data import DataLoader, Dataset
 
+from {{ cookiecutter.package_name }}.kit.callbacks import find_callback
 from {{ cookiecutter.package_name }}.kit.cli import main
 from {{ cookiecutter.package_name }}.kit.health import (
     TrainingHealth,
@@ -165,7 +167,7 @@ def test_flops_are_counted_on_the_first_step_and_give_flop_per_second(workdir, m
     cli = main(
         ["fit", "--trainer.max_steps=3", "--trainer.limit_val_batches=0", "--trainer.logger=false"]
     )
-    (health,) = [c for c in cli.trainer.callbacks if isinstance(c, TrainingHealth)]
+    health = find_callback(cli.trainer, TrainingHealth)
     summary = health.summary
     assert summary["flops_per_batch"] and summary["flops_per_batch"] > 0
     assert summary["flops_per_s"] == pytest.approx(
@@ -183,11 +185,96 @@ def test_mfu_is_achieved_over_the_device_peak_for_the_precision(monkeypatch):
     assert module.peak_flops(torch.device("cpu"), "32-true") is None
     monkeypatch.setattr(module, "peak_flops", lambda device, precision: 4e9)
     health = TrainingHealth()
-    health.flops_per_batch, health.steps, health.compute = 10**9, 4, 2.0
+    health.flops_per_batch, health.steps, health.timed_steps, health.compute = 10**9, 4, 4, 2.0
     health.samples, health.wait = 32, 0.5
     trainer = Trainer(accelerator="cpu", logger=False, enable_progress_bar=False)
     facts = health.measure(trainer, LightningModule())
-    assert facts["flops_per_s"] == 2e9 and facts["mfu"] == 0.5
+    assert facts["flops_per_s"] == 2e9 and facts["mfu"] == 0.5 and facts["peak_flops"] == 4e9
+
+
+class FakeGPU:
+    """A device that runs each step's work after the host has queued it, as CUDA does:
+    the host only queues, and runs ahead until it reads something back."""
+
+    def __init__(self, clock: FakeClock):
+        self.clock, self.busy_until = clock, 0.0
+
+    def run(self, seconds: float) -> None:
+        self.busy_until = max(self.clock.now, self.busy_until) + seconds
+
+    def event(self) -> "FakeEvent":
+        return FakeEvent(self)
+
+
+class FakeEvent:
+    """torch.cuda.Event's timing calls, on the fake device's timeline."""
+
+    def __init__(self, gpu: FakeGPU):
+        self.gpu, self.at = gpu, None
+
+    def record(self) -> None:
+        self.at = max(self.gpu.clock.now, self.gpu.busy_until)  # when the device reaches it
+
+    def query(self) -> bool:
+        return self.gpu.clock.now >= self.at
+
+    def synchronize(self) -> None:
+        self.gpu.clock.now = max(self.gpu.clock.now, self.at)
+
+    def elapsed_time(self, other: "FakeEvent") -> float:
+        return 1000 * (other.at - self.at)
+
+
+class QueuesWork(TimedModel):
+    """Each training step queues `seconds` of work on the fake GPU and returns at once."""
+
+    def __init__(self, clock: FakeClock, gpu: FakeGPU, seconds: float):
+        super().__init__(clock)
+        self.gpu, self.seconds = gpu, seconds
+
+    def training_step(self, batch, batch_idx):
+        self.gpu.run(self.seconds)
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self.layer(x), y)
+
+
+@pytest.mark.parametrize(
+    ("step", "item", "share"),
+    [
+        # Compute-bound: the device is never idle after the first batch, though the host
+        # spends all its time between steps fetching data (its clock would say 100%).
+        (0.05, 0.001, 0.008 / (0.008 + BATCHES * 0.05)),
+        # Data-bound: the device idles 40 ms of every 50 waiting for the next batch.
+        (0.01, 0.05 / BATCH, (0.05 + 11 * 0.04) / (0.05 + 11 * 0.04 + BATCHES * 0.01)),
+    ],
+)
+def test_on_cuda_data_wait_is_the_devices_idle_time_read_off_events(step, item, share):
+    clock = FakeClock()
+    gpu = FakeGPU(clock)
+    health = TrainingHealth()
+    health.clock, health.events, health.event = clock, True, gpu.event
+    trainer = Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        callbacks=[health],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(QueuesWork(clock, gpu, step), DataLoader(Timed(clock, item), batch_size=BATCH))
+    summary = health.summary
+    assert summary["clock"] == "device" and summary["steps"] == BATCHES
+    assert health.timed_steps == BATCHES and health.compute == pytest.approx(BATCHES * step)
+    assert summary["data_wait_share"] == pytest.approx(share, abs=1e-3)
+
+
+def test_the_model_summary_shows_no_flops_column_of_zeros(workdir, caplog):
+    with caplog.at_level(logging.INFO):
+        main(["fit", "--trainer.fast_dev_run=true", "--trainer.logger=false"])
+    (table,) = [r.message for r in caplog.records if "Trainable params" in r.message]
+    assert "Params" in table and "FLOPs" not in table and "Flops" not in table
+    assert "FLOP per training step" in caplog.text  # counted by the health report
 
 
 class FixedLosses(TimedModel):
@@ -210,7 +297,7 @@ class LogsItsOwn(FixedLosses):
 def test_train_loss_is_the_mean_of_each_logging_window(tmp_path, model, expected):
     from lightning.pytorch.loggers import CSVLogger
 
-    from {{ cookiecutter.package_name }}.kit.callbacks import TrainLoss
+    from {{ cookiecutter.package_name }}.kit.console import TrainLoss
 
     trainer = Trainer(
         accelerator="cpu",
@@ -229,3 +316,57 @@ def test_train_loss_is_the_mean_of_each_logging_window(tmp_path, model, expected
     logged = [float(row.split(",")[column]) for row in rows[1:] if row.split(",")[column]]
     # Windows of 3 steps: losses 1, 2, 3 then 4, 5, 6 (a module's own value wins).
     assert logged == expected
+
+
+class Recorder(Logger):
+    """A logger that notes each metric it receives, with the clock's time then."""
+
+    def __init__(self, clock: FakeClock):
+        super().__init__()
+        self.clock, self.received = clock, []
+
+    @property
+    def name(self):
+        return "recorder"
+
+    @property
+    def version(self):
+        return 0
+
+    def log_hyperparams(self, params, *args, **kwargs):
+        pass
+
+    def log_metrics(self, metrics, step=None):
+        self.received += [(self.clock.now, name, step) for name in metrics]
+
+
+class SecondSteps(FixedLosses):
+    def training_step(self, batch, batch_idx):
+        self.clock.advance(1.0 - STEP_SECONDS)  # with the parent's: one second a step
+        return super().training_step(batch, batch_idx)
+
+
+def test_train_loss_reaches_the_loggers_in_groups_at_its_own_steps(tmp_path):
+    from {{ cookiecutter.package_name }}.kit.console import TrainLoss
+
+    clock = FakeClock()
+    train_loss = TrainLoss(write_every=10.0)
+    train_loss.clock = clock
+    recorder = Recorder(clock)
+    trainer = Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        log_every_n_steps=2,
+        callbacks=[train_loss],
+        logger=recorder,
+        default_root_dir=tmp_path,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(SecondSteps(clock), DataLoader(Timed(clock, 0.0), batch_size=BATCH))
+    written = [(at, step) for at, name, step in recorder.received if name == "train/loss"]
+    # Windows end after steps 2, 4, ..., 12 (at 2 s, 4 s, ...): the first is written at
+    # once, the next five together 10 s later, each at its own step (Lightning's x-axis).
+    assert written == [(2.0, 1)] + [(12.0, step) for step in (3, 5, 7, 9, 11)]
+    assert float(trainer.callback_metrics["train/loss"]) == 11.5  # the last window's mean

@@ -1,8 +1,12 @@
-"""Lightning's own demo LightningModule, used as it is, with what this project adds:
-a validation loss to monitor, predictions, and no WikiText2 download."""
+"""Lightning's own demo LightningModule, with what this project adds: a validation
+loss to monitor, predictions, no WikiText2 download, and a step that does not wait
+for the device."""
+
+import math
 
 import torch
 from lightning.pytorch.demos.transformer import LightningTransformer
+from torch import nn
 
 from my_lightning_project.data import VOCABULARY
 
@@ -14,6 +18,17 @@ class CountingTransformer(LightningTransformer):
 
     def prepare_data(self) -> None:
         """The demo downloads WikiText2 here; the DataModule brings the data instead."""
+
+    def forward(self, inputs: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The demo network's forward, telling nn.Transformer that its mask is causal:
+        given the mask alone, it compares it with a causal one on every call, a read
+        of the device that stalls a GPU every step (tests/test_syncs.py names it)."""
+        net = self.model
+        mask = nn.Transformer.generate_square_subsequent_mask(inputs.shape[1], device=inputs.device)
+        source = net.pos_encoder(net.embedding(inputs) * math.sqrt(net.ninp))
+        target = net.pos_encoder(net.embedding(target) * math.sqrt(net.ninp))
+        output = net.transformer(source, target, tgt_mask=mask, tgt_is_causal=True)
+        return nn.functional.log_softmax(net.decoder(output), dim=-1).view(-1, net.vocab_size)
 
     def network_inputs(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
         """The demo network takes the target too (teacher forcing), for `export`."""

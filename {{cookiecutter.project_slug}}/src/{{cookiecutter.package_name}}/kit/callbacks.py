@@ -9,15 +9,14 @@ loader settings are read from the training DataLoader itself, so they are shown
 for any DataModule.
 """
 
-from collections.abc import Mapping
+from contextlib import nullcontext
 from itertools import chain
 from typing import Any
 
 import lightning
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.callbacks import ProgressBar, RichProgressBar, TQDMProgressBar
-from lightning.pytorch.callbacks.progress.rich_progress import _RICH_AVAILABLE
+from lightning.pytorch.profilers import PassThroughProfiler
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
@@ -169,90 +168,77 @@ class FailureContext(Callback):
         }
 
 
-def logs_this_step(trainer: Trainer) -> bool:
-    """Whether the logger writes at the end of this training step (the logger
-    connector's own rule: every `--trainer.log_every_n_steps`, and the last)."""
-    connector = getattr(trainer, "_logger_connector", None)
-    return bool(getattr(connector, "should_update_logs", True))
+# The hooks a Callback may define: Lightning calls each of them on every callback.
+HOOKS = tuple(
+    name
+    for name, value in vars(Callback).items()
+    if callable(value) and (name.startswith("on_") or name in ("setup", "teardown"))
+)
 
 
-class TrainLoss(Callback):
-    """Logs `train/loss`: the mean training loss over each logging window.
+class KitCallbacks(Callback):
+    """The kit's callbacks as one callback, calling each hook only on the parts that define it.
 
-    Each step's loss is added to a sum kept on the device (no host sync), and
-    the mean is logged once per `--trainer.log_every_n_steps`, on the steps the
-    logger writes: a smoother curve than one batch's loss, for a fraction of
-    the cost of logging every step. The progress bar shows the same mean. It
-    reads the loss that `training_step` returns, so any module gets the curve;
-    one that logs `train/loss` itself keeps its own.
+    Lightning calls every hook of every callback, and does so about six times a
+    step; with a dozen callbacks that dispatch alone costs more than a small
+    model's step (Lightning has no way to skip the hooks a callback does not
+    define). Here a hook that one part defines is that part's own method, one
+    that several define calls them in order, and the rest cost nothing. Each
+    part keeps its own checkpointed state, under its own name.
     """
 
-    NAME = "train/loss"
+    def __init__(self, parts: list[Callback]) -> None:
+        self.parts = list(parts)
+        for hook in HOOKS:
+            calls = [
+                getattr(part, hook)
+                for part in self.parts
+                if getattr(type(part), hook) is not getattr(Callback, hook)
+            ]
+            if len(calls) == 1:
+                setattr(self, hook, calls[0])
+            elif calls:
+                setattr(self, hook, _in_order(calls))
 
-    def __init__(self) -> None:
-        self._sum: torch.Tensor | None = None
-        self._count = 0
-        self._module_logs_it: bool | None = None
+    def __repr__(self) -> str:
+        return f"KitCallbacks({', '.join(type(part).__name__ for part in self.parts)})"
 
-    def on_train_batch_end(self, trainer: Trainer, pl_module, outputs, batch, batch_idx) -> None:
-        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
-        if not isinstance(loss, torch.Tensor):
-            return
-        if self._module_logs_it is None:
-            self._module_logs_it = self.NAME in trainer.callback_metrics
-        if self._module_logs_it:
-            return
-        loss = loss.detach()
-        self._sum = loss if self._sum is None else self._sum + loss
-        self._count += 1
-        if logs_this_step(trainer):
-            pl_module.log(self.NAME, self._sum / self._count, prog_bar=True)
-            self._sum, self._count = None, 0
+    def state_dict(self) -> dict[str, Any]:
+        return {part.state_key: state for part in self.parts if (state := part.state_dict())}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        for part in self.parts:
+            if part.state_key in state_dict:
+                part.load_state_dict(state_dict[part.state_key])
 
 
-class _NewMetricsOnly:
-    """A progress bar that reads the logged metrics only when there are new ones.
+def _in_order(calls: list) -> Any:
+    def call(*args, **kwargs) -> None:
+        for fn in calls:
+            fn(*args, **kwargs)
 
-    Lightning's bars read them after every training step and turn each tensor
-    into a float with `.item()`: on a GPU, the host waits for the device every
-    step and cannot queue the next step's work ahead. Here the bar reads them
-    again only after a step at which the logger wrote (every
-    `--trainer.log_every_n_steps`), and at epoch ends and in validation as
-    usual; in between it shows the values read last. `train/loss` changes only
-    on those steps anyway; a value your module logs to the bar every step is
-    shown as of the last logging step.
+    return call
+
+
+class NoProfiler(PassThroughProfiler):
+    """Lightning's profiler for runs without one, at a tenth of its cost.
+
+    Lightning wraps every hook call (a few dozen a step) in `profiler.profile`,
+    which for its pass-through profiler is still a generator-based context
+    manager, about a microsecond each; this one returns the same empty context
+    every time. `--trainer.profiler simple` (configs/profile.yaml) replaces it.
     """
 
-    _in_step = False
-    _new = True  # a logging step passed since the bar last read the metrics
-    _shown: dict | None = None
+    _nothing = nullcontext()
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if not trainer.log_every_n_steps or logs_this_step(trainer):
-            self._new = True
-        self._in_step = True
-        try:
-            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-        finally:
-            self._in_step = False
-
-    def get_metrics(self, trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
-        if self._in_step and self._shown is not None and not self._new:
-            return self._shown
-        self._shown = super().get_metrics(trainer, pl_module)
-        self._new = False
-        return self._shown
+    def profile(self, action_name: str) -> nullcontext:
+        return self._nothing
 
 
-class RichBar(_NewMetricsOnly, RichProgressBar):
-    """Lightning's rich progress bar, reading metrics only when they are new."""
-
-
-class TQDMBar(_NewMetricsOnly, TQDMProgressBar):
-    """Lightning's tqdm progress bar, reading metrics only when they are new."""
-
-
-def progress_bar() -> ProgressBar:
-    """The bar Lightning would pick (rich if installed, else tqdm), in its
-    new-metrics-only form."""
-    return RichBar() if _RICH_AVAILABLE else TQDMBar()
+def find_callback(trainer: Trainer, kind: type) -> Any:
+    """The trainer's callback of type `kind`, also among the kit's parts; None if absent."""
+    for callback in trainer.callbacks:
+        for part in getattr(callback, "parts", None) or [callback]:
+            if isinstance(part, kind):
+                return part
+    return None

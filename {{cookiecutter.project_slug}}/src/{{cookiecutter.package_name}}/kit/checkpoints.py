@@ -286,6 +286,14 @@ class BestAndLast(ModelCheckpoint):
 
     _last_before: str | None = None  # last_model_path while `last` is being saved
 
+    @property
+    def state_key(self) -> str:
+        # Lightning builds this name for every hook it calls, about six a step;
+        # ModelCheckpoint's is a repr of its settings, which do not change.
+        if "_state_key" not in self.__dict__:
+            self._state_key = super().state_key
+        return self._state_key
+
     def _save_last_checkpoint(self, trainer: Trainer, monitor_candidates: dict) -> None:
         self._last_before = self.last_model_path
         try:
@@ -391,16 +399,17 @@ class ResumeCheck(Callback):
     """Says so when a resumed run had nothing left to do, and how to continue it."""
 
     def __init__(self) -> None:
-        self._stepped = False
+        self._start_step: int | None = None
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._stepped = False
+        self._start_step = None
 
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
-        self._stepped = True
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._start_step = trainer.global_step  # restored by now; not called with nothing to do
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if not trainer.ckpt_path or self._stepped:
+        stepped = self._start_step is not None and trainer.global_step > self._start_step
+        if not trainer.ckpt_path or stepped:
             return
         if trainer.max_epochs is not None and trainer.current_epoch >= trainer.max_epochs:
             rank_zero_info(

@@ -22,8 +22,14 @@ from typing import Any
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch import Callback, Trainer
-from lightning.pytorch.callbacks import ProgressBar
+from lightning.pytorch.callbacks import (
+    BasePredictionWriter,
+    ModelCheckpoint,
+    ModelSummary,
+    ProgressBar,
+)
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.profilers import PassThroughProfiler
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
@@ -31,8 +37,9 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from {{ cookiecutter.package_name }}.kit.callbacks import (
     EnvironmentReport,
     FailureContext,
-    TrainLoss,
-    progress_bar,
+    KitCallbacks,
+    NoProfiler,
+    find_callback,
 )
 from {{ cookiecutter.package_name }}.kit.checkpoints import (
     AtomicCheckpointIO,
@@ -45,6 +52,7 @@ from {{ cookiecutter.package_name }}.kit.checkpoints import (
     resolve_last,
     state_dict_mismatch,
 )
+from {{ cookiecutter.package_name }}.kit.console import Summary, TQDMBar, TrainLoss
 from {{ cookiecutter.package_name }}.kit.hardware import (
     CompileNetwork,
     cuda_capabilities,
@@ -327,21 +335,42 @@ class ProjectCLI(LightningCLI):
         strategy = self.trainer.strategy
         if type(strategy.checkpoint_io) is TorchCheckpointIO:  # not a plugin of the user's
             strategy.checkpoint_io = AtomicCheckpointIO()
-        for callback in self.trainer.callbacks:
-            if isinstance(callback, DiscardFailedStart):
-                callback.new_run = self._new_run
+        discard = find_callback(self.trainer, DiscardFailedStart)
+        if discard is not None:
+            discard.new_run = self._new_run
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
-        # Lightning's progress bar, in the form that reads metrics only when new.
+        # `callbacks` are the kit's, one per group of flags (--checkpoint.*, --health.*, ...).
         def as_list(value) -> list:  # a config may give one callback or a list
             return [] if value is None else value if isinstance(value, list) else [value]
 
         listed, defaults = config.get("callbacks"), self.trainer_defaults.get("callbacks")
         given = [*callbacks, *as_list(listed), *as_list(defaults)]
-        wanted = config.get("enable_progress_bar") is not False and not config.get("barebones")
-        if wanted and not any(isinstance(callback, ProgressBar) for callback in given):
-            callbacks = [*callbacks, progress_bar()]
-        return super()._instantiate_trainer(config, callbacks)
+        if self.subcommand not in (None, "predict"):  # it writes predictions, nothing else
+            callbacks = [c for c in callbacks if not isinstance(c, BasePredictionWriter)]
+        shown = not config.get("barebones")
+        if shown and config.get("enable_model_summary") is not False:
+            if not any(isinstance(callback, ModelSummary) for callback in given):
+                callbacks = [*callbacks, Summary()]
+        if shown and config.get("enable_progress_bar") is not False:
+            if not any(isinstance(callback, ProgressBar) for callback in given):
+                callbacks = [*callbacks, TQDMBar()]
+        own = {
+            id(c)
+            for c in callbacks
+            if not isinstance(c, ModelCheckpoint | BasePredictionWriter | ProgressBar)
+        }
+        trainer = super()._instantiate_trainer(config, callbacks)
+        # The config callback Lightning's CLI added is the kit's too.
+        own |= {id(c) for c in trainer.callbacks if isinstance(c, SaveConfigCallback)}
+        parts = [c for c in trainer.callbacks if id(c) in own]
+        if parts:  # one callback in the first one's place
+            first = trainer.callbacks.index(parts[0])
+            others = [c for c in trainer.callbacks if id(c) not in own]
+            trainer.callbacks = [*others[:first], KitCallbacks(parts), *others[first:]]
+        if type(trainer.profiler) is PassThroughProfiler:  # no --trainer.profiler given
+            trainer.profiler = NoProfiler()
+        return trainer
 
     def before_instantiate_classes(self) -> None:
         use_tensor_cores()

@@ -6,9 +6,10 @@ kept alive between epochs. `SplitDataModule` resolves each one at `setup` from
 the machine and the Trainer unless you set it (`--data.num_workers 4`,
 `--data.pin_memory false`). Splits that are tensors in memory are sliced a
 whole batch at a time (no per-sample `__getitem__`, no collate) and, on a CUDA
-device they fit on, kept there (no copy per step). Using it is optional: the
-rest of the kit reads what it needs from the DataLoaders of any
-LightningDataModule.
+device they fit on, kept there: each epoch's order goes to the device once, and
+every batch is a slice of it there, with no copy and no wait per batch. Using
+it is optional: the rest of the kit reads what it needs from the DataLoaders of
+any LightningDataModule.
 """
 
 import os
@@ -70,9 +71,10 @@ def resolve_loader_settings(
 class TensorBatches(TensorDataset):
     """Tensors indexed a batch at a time.
 
-    The DataLoader hands `__getitems__` the indices of a whole batch (whatever
-    its sampler, DDP's too) and gets the batch as one slice of each tensor:
-    no per-sample indexing, no collate. The tensors may live on the GPU.
+    Given to a plain DataLoader, `__getitems__` receives the indices of a whole
+    batch and returns it as one slice of each tensor: no per-sample indexing, no
+    collate. `SlicedLoader` goes further and never indexes from a Python list.
+    The tensors may live on the GPU.
     """
 
     in_memory = True
@@ -82,9 +84,39 @@ class TensorBatches(TensorDataset):
         index = torch.as_tensor(indices, device=self.tensors[0].device)
         return [tensor[index] for tensor in self.tensors]
 
+    def batches(self, order: torch.Tensor, sizes: list[int]):
+        """The batches of one epoch: consecutive slices of `order` (on the tensors' device)."""
+        for index in order.split(sizes):
+            yield [tensor[index] for tensor in self.tensors]
+
 
 def _as_sliced(batch):
     return batch
+
+
+class SlicedLoader(DataLoader):
+    """A DataLoader of a `TensorBatches` that copies each epoch's order to the
+    tensors' device once and slices every batch there.
+
+    The order is whatever the batch sampler yields (shuffled, Lightning's
+    DistributedSampler with one shard per rank and a new epoch each time, the
+    index-keeping sampler of `predict`), so sharding and reshuffling are the
+    DataLoader's own. A plain DataLoader would turn every batch's indices into
+    a tensor on the device: a copy from host memory that makes the host wait,
+    every batch.
+    """
+
+    def __iter__(self):
+        dataset = self.dataset
+        batches = list(self.batch_sampler)  # this epoch's, in order
+        order = torch.tensor([i for batch in batches for i in batch], dtype=torch.long)
+        device = dataset.tensors[0].device
+        if device.type == "cuda":
+            # Pinned memory lets the one copy of the epoch run without a host wait.
+            order = order.pin_memory().to(device, non_blocking=True)
+        else:
+            order = order.to(device)
+        return dataset.batches(order, [len(batch) for batch in batches])
 
 
 def tensors_of(dataset: Dataset) -> tuple[torch.Tensor, ...] | None:
@@ -183,10 +215,18 @@ class SplitDataModule(LightningDataModule):
         if batch_size < 1:
             raise ValueError(f"data.batch_size={batch_size}: must be 1 or more")
         self.save_hyperparameters()
+        # What was passed here: a subclass need not pass every one on in its own __init__.
+        self._given = dict(num_workers=num_workers, pin_memory=pin_memory, on_device=on_device)
+        self._given["predict_split"] = predict_split
         self.batch_size = batch_size
         # Resolved in `setup`, once the data and the Trainer are known.
         self.loader_settings: LoaderSettings | None = None
         self.splits: dict[str, Dataset] = {}
+
+    def setting(self, name: str) -> Any:
+        """A loader setting: as the hyperparameters hold it (what the CLI set), else as
+        given to this class."""
+        return self.hparams.get(name, self._given[name])
 
     def make_splits(self) -> dict[str, Dataset]:
         raise NotImplementedError(
@@ -201,8 +241,8 @@ class SplitDataModule(LightningDataModule):
         on_cuda = device is not None and device.type == "cuda"
         on_device = self._slice_tensor_splits(device if on_cuda else None)
         self.loader_settings = resolve_loader_settings(
-            self.hparams.num_workers,
-            False if on_device else self.hparams.pin_memory,
+            self.setting("num_workers"),
+            False if on_device else self.setting("pin_memory"),
             cpus=available_cpus(),
             local_world_size=trainer.num_devices if trainer else 1,
             on_cuda=on_cuda,
@@ -212,7 +252,7 @@ class SplitDataModule(LightningDataModule):
     def _slice_tensor_splits(self, device: torch.device | None) -> bool:
         """Turn splits of tensors into TensorBatches, moved to the CUDA `device` (None:
         none) where `on_device` says so; returns whether they were moved."""
-        wanted = self.hparams.get("on_device")  # absent where a subclass does not pass it on
+        wanted = self.setting("on_device")
         if self.collate_fn is not None or wanted is False:  # batches made the usual way
             return False
         tensors = {name: tensors_of(split) for name, split in self.splits.items()}
@@ -235,14 +275,17 @@ class SplitDataModule(LightningDataModule):
         settings = self.loader_settings
         dataset = self.splits[split]
         sliced = isinstance(dataset, TensorBatches)
-        on_gpu = sliced and dataset.tensors[0].is_cuda  # no workers, nothing to pin
+        if sliced and not (settings.pin_memory and dataset.tensors[0].device.type == "cpu"):
+            # The tensors are where the steps run: slice there, in this process.
+            return SlicedLoader(dataset, batch_size=self.batch_size, shuffle=shuffle)
+        # Read per sample, or batches of host tensors copied to a GPU from pinned memory.
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
             shuffle=shuffle,
-            num_workers=0 if on_gpu else settings.num_workers,
-            pin_memory=settings.pin_memory and not on_gpu,
-            persistent_workers=settings.persistent_workers and not on_gpu,
+            num_workers=settings.num_workers,
+            pin_memory=settings.pin_memory,
+            persistent_workers=settings.persistent_workers,
             collate_fn=_as_sliced if sliced else self.collate_fn,
         )
 
@@ -258,4 +301,4 @@ class SplitDataModule(LightningDataModule):
         return self.loader("test")
 
     def predict_dataloader(self) -> DataLoader:
-        return self.loader(self.hparams.predict_split)
+        return self.loader(self.setting("predict_split"))

@@ -2,25 +2,34 @@
 
 It follows the guide's tuning order (data first, then compute, then memory,
 then parallelism): at the end of fit, and every `every_n_steps` if asked, rank
-0 reports samples per second, the share of step time spent waiting for the next
-batch, the peak memory allocated on each CUDA device and the effective batch
-size. It times with the host clock only: no device sync, nothing added to the
-steps themselves. The clock is an attribute (`TrainingHealth.clock`), so tests
-drive it by hand instead of depending on how fast the machine is.
+0 reports samples per second, the share of step time spent waiting for the
+next batch, a training step's FLOPs and the FLOP/s achieved, MFU against the
+device's peak (`kit/peaks.py`), the peak memory allocated on each CUDA device
+and the effective batch size. It adds no device sync to any step.
+
+Where the time goes is read off the clock that sees it. On the CPU that is the
+host clock: the time from one batch's end to the next one's start is data
+wait. On CUDA the host runs ahead of the device, so host time says little: two
+CUDA events per step, read once they have passed (never waited for), give the
+device's own time in the steps and idle between them, waiting for the host to
+bring the next batch. The clock and the events are attributes
+(`TrainingHealth.clock`, `TrainingHealth.event`), so tests drive them by hand
+instead of depending on how fast the machine is.
 """
 
+from collections import deque
 from collections.abc import Callable
 from time import perf_counter
 from typing import Any
 
 import torch
-from lightning.fabric.utilities.throughput import get_available_flops
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from {{ cookiecutter.package_name }}.kit.callbacks import loader_facts
+from {{ cookiecutter.package_name }}.kit.peaks import cuda_peak
 
 MIB = 1024**2
 
@@ -36,10 +45,10 @@ def compute_dtype(precision: str) -> torch.dtype:
 
 
 def peak_flops(device: torch.device, precision: str) -> float | None:
-    """The device's peak FLOP/s for the precision in use; None where unknown (CPUs)."""
+    """The device's dense peak FLOP/s for the precision in use; None where unknown (CPUs)."""
     if device.type != "cuda":
         return None
-    return get_available_flops(device, compute_dtype(precision))
+    return cuda_peak(device, compute_dtype(precision))
 
 
 def is_compiled(module: nn.Module) -> bool:
@@ -96,28 +105,61 @@ def batchnorm_advice(
 
 
 class TrainingHealth(Callback):
-    """Throughput, data wait, peak memory and effective batch, on rank 0."""
+    """Throughput, data wait, FLOPs and MFU, peak memory and effective batch, on rank 0."""
 
     clock: Callable[[], float] = staticmethod(perf_counter)
+    # A CUDA event that records timing; `events` None means: on CUDA devices.
+    event: Callable[[], Any] = staticmethod(lambda: torch.cuda.Event(enable_timing=True))
+    events: bool | None = None
 
     def __init__(self, every_n_steps: int = 0, data_wait_warn: float = 0.3) -> None:
         self.every_n_steps = every_n_steps
         self.data_wait_warn = data_wait_warn
         self.summary: dict[str, Any] = {}
+        self._device_clock = False
         self._reset()
 
     def _reset(self) -> None:
         self.wait = self.compute = 0.0
-        self.samples = self.steps = 0
+        self.samples = self.steps = self.timed_steps = 0
         self._ready = self._start = None
+        # Steps not yet read off the clock: (previous step's end, start, end, samples).
+        self._pending: deque[tuple[Any, Any, Any, int]] = deque()
         self.flops_per_batch: int | None = None
         self._counter: FlopCounterMode | None = None
+        self._peak_unknown_said = False
+
+    def _now(self) -> Any:
+        """A point in time: a float on the host clock, or a recorded CUDA event."""
+        if not self._device_clock:
+            return self.clock()
+        mark = self.event()
+        mark.record()
+        return mark
+
+    def _seconds(self, start: Any, end: Any) -> float:
+        return start.elapsed_time(end) / 1000 if self._device_clock else end - start
+
+    def _read_clock(self, wait: bool = False) -> None:
+        """Add the steps whose end has passed to the totals (`wait`: all of them, waiting
+        for the device once; only outside the steps)."""
+        if wait and self._device_clock and self._pending:
+            self._pending[-1][2].synchronize()
+        while self._pending and (not self._device_clock or self._pending[0][2].query()):
+            before, start, end, samples = self._pending.popleft()
+            if before is not None:
+                self.wait += self._seconds(before, start)
+            self.compute += self._seconds(start, end)
+            self.samples += samples
+            self.timed_steps += 1
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._reset()
         self.summary = {}
-        if trainer.strategy.root_device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(trainer.strategy.root_device)
+        device = trainer.strategy.root_device
+        self._device_clock = device.type == "cuda" if self.events is None else self.events
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         advice = batchnorm_advice(
@@ -132,16 +174,14 @@ class TrainingHealth(Callback):
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # Fetching the epoch's first batch counts as waiting; validation does not.
-        self._ready = self.clock()
+        self._ready = self._now()
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self.steps == 0 and self.flops_per_batch is None and not is_compiled(pl_module):
             # Count the first step's FLOPs as it runs: no extra forward, nothing to copy.
             self._counter = FlopCounterMode(display=False)
             self._counter.__enter__()
-        self._start = self.clock()
-        if self._ready is not None:
-            self.wait += self._start - self._ready
+        self._start = self._now()
 
     def _stop_counting(self) -> None:
         if self._counter is not None:
@@ -153,16 +193,18 @@ class TrainingHealth(Callback):
         self._stop_counting()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self._ready = self.clock()
+        end = self._now()
         self._stop_counting()
         if self._start is not None:
-            self.compute += self._ready - self._start
-        self.samples += batch_length(batch)
+            self._pending.append((self._ready, self._start, end, batch_length(batch)))
+        self._ready = end
         self.steps += 1
+        self._read_clock()
         if self.every_n_steps and self.steps % self.every_n_steps == 0:
             self.report(trainer, pl_module, final=False)
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._read_clock(wait=True)
         if self.steps:
             self.report(trainer, pl_module, final=True)
 
@@ -174,19 +216,26 @@ class TrainingHealth(Callback):
             peak = torch.tensor(float(torch.cuda.max_memory_allocated(device)), device=device)
             gathered = pl_module.all_gather(peak).reshape(-1)
             peaks = [round(float(p) / MIB, 1) for p in gathered]
-        flops_per_s = mfu = None
+        flops_per_s = mfu = peak = None
         if self.flops_per_batch and self.compute:
             # Per device: the FLOPs of its own batches over the time its steps took.
-            flops_per_s = self.flops_per_batch * self.steps / self.compute
+            flops_per_s = self.flops_per_batch * self.timed_steps / self.compute
             peak = peak_flops(device, trainer.precision)
             mfu = round(flops_per_s / peak, 4) if peak else None
         return {
             "steps": self.steps,
             "samples_per_s": round(self.samples * trainer.world_size / busy, 1) if busy else None,
             "data_wait_share": round(self.wait / busy, 3) if busy else None,
+            "clock": "device" if self._device_clock else "host",
             "flops_per_batch": self.flops_per_batch,
             "flops_per_s": flops_per_s,
+            "peak_flops": peak,
             "mfu": mfu,
+            "peak_unknown": (
+                f"{torch.cuda.get_device_name(device)} in {compute_dtype(trainer.precision)}"
+                if flops_per_s and peak is None and device.type == "cuda"
+                else None
+            ),
             "peak_memory_mib": peaks,
             "effective_batch_size": loader_facts(trainer)["effective_batch_size"],
         }
@@ -194,17 +243,22 @@ class TrainingHealth(Callback):
     def report(self, trainer: Trainer, pl_module: LightningModule, final: bool) -> None:
         # Every rank measures (the memory gather is a collective); rank 0 prints.
         self.summary = facts = self.measure(trainer, pl_module)
-        parts = [
-            f"{facts['samples_per_s']} samples/s",
-            f"data wait {100 * facts['data_wait_share']:.0f}% of step time",
-        ]
+        parts = [f"{facts['samples_per_s']} samples/s"]
+        if facts["data_wait_share"] is not None:
+            parts.append(
+                f"data wait {100 * facts['data_wait_share']:.0f}% of step time"
+                f" ({facts['clock']} clock)"
+            )
         if facts["flops_per_batch"]:
             parts.append(
-                f"{short_number(facts['flops_per_batch'])}FLOP per batch, "
-                f"{short_number(facts['flops_per_s'])}FLOP/s per device"
+                f"{short_number(facts['flops_per_batch'])}FLOP per training step"
+                f" (forward and backward), {short_number(facts['flops_per_s'])}FLOP/s per device"
             )
         if facts["mfu"] is not None:
             parts.append(f"MFU {100 * facts['mfu']:.1f}%")
+        elif facts["peak_unknown"] and not self._peak_unknown_said:
+            self._peak_unknown_said = True  # once a run: it will not become known
+            parts.append(f"MFU: peak unknown for {facts['peak_unknown']}")
         if facts["peak_memory_mib"]:
             peaks = ", ".join(f"{p} MiB" for p in facts["peak_memory_mib"])
             parts.append(f"peak memory per device: {peaks}")
@@ -213,7 +267,7 @@ class TrainingHealth(Callback):
         parts.append(f"{facts['steps']} steps")
         title = "Training health: " if final else "Training health so far: "
         rank_zero_info(title + " | ".join(parts))
-        if final and facts["data_wait_share"] > self.data_wait_warn:
+        if final and (facts["data_wait_share"] or 0) > self.data_wait_warn:
             workers = loader_facts(trainer)["num_workers"]
             rank_zero_warn(
                 f"The model waited for data {100 * facts['data_wait_share']:.0f}% of the step "

@@ -1,0 +1,72 @@
+"""A GPU node without internet: `scripts/wheelhouse.py` builds the wheels here, and
+they install the template's tool and the rendered project, `dev` extra and all,
+with no index, beside the node's own torch."""
+
+import os
+import platform
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import TEMPLATE, python, render, run
+
+
+def test_a_stand_in_wheel_is_an_installable_empty_distribution(tmp_path):
+    sys.path.insert(0, str(TEMPLATE / "scripts"))
+    try:
+        from wheelhouse import platforms, stand_in
+    finally:
+        sys.path.pop(0)
+    wheel = stand_in(tmp_path, "torch", "2.11.0")
+    assert wheel.name == "torch-2.11.0+wheelhouse-py3-none-any.whl"
+    with zipfile.ZipFile(wheel) as archive:
+        metadata = archive.read("torch-2.11.0+wheelhouse.dist-info/METADATA").decode()
+        assert "Name: torch\nVersion: 2.11.0+wheelhouse\n" in metadata
+        assert "Requires-Dist" not in metadata
+        assert "torch-2.11.0+wheelhouse.dist-info/RECORD" in archive.namelist()
+    tags = platforms("x86_64")
+    assert tags[0] == "manylinux2014_x86_64" and "manylinux_2_28_x86_64" in tags
+
+
+@pytest.mark.slow
+def test_the_wheelhouse_installs_everything_but_torch_with_no_index(tmp_path):
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    torch_version = torch.__version__.split("+")[0]
+    wheels = tmp_path / "wheels"
+    python(
+        "scripts/wheelhouse.py",
+        str(wheels),
+        "--python-version",
+        here,
+        "--machine",
+        platform.machine(),
+        "--torch",
+        torch_version,
+        cwd=TEMPLATE,
+    )
+    names = {path.name.split("-")[0].lower() for path in wheels.glob("*.whl")}
+    assert "torch" not in names and not any(name.startswith("nvidia") for name in names)
+    assert {"cookiecutter", "lightning", "jsonargparse", "optuna", "pytest"} <= names
+
+    # A node: a fresh environment with its own torch and nothing else.
+    venv = tmp_path / "node"
+    python("-m", "venv", str(venv), cwd=tmp_path)
+    node = str(venv / "bin" / "python")
+    run([node, "-m", "pip", "install", "-q", f"torch=={torch_version}"], cwd=tmp_path)
+    # Then everything from the wheels alone: no index, no pip configuration.
+    offline = {"PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels)}
+    project = render(tmp_path / "render")
+    install = [node, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    run([*install, "cookiecutter>=2.7,<2.8", "-e", f"{project}[dev]"], cwd=tmp_path, **offline)
+    kept = run([node, "-c", "import torch; print(torch.__version__)"], cwd=tmp_path)
+    assert kept.stdout.strip() == torch.__version__
+    package = project.name.replace("-", "_")
+    fit = run(
+        [node, "-m", package, "fit", "--trainer.fast_dev_run=true"],
+        cwd=project,
+        env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")},
+    )
+    assert "Training health" in fit.stderr
+    assert Path(node).parent.joinpath("cookiecutter").exists()

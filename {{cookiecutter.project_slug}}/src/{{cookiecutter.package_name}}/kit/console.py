@@ -1,0 +1,162 @@
+"""What a run shows as it trains: the model summary, `train/loss` and the progress bar.
+
+Each costs the steps nothing a GPU would wait for. `train/loss` is read from
+the device once per logging window, never in the steps between; the bar is
+redrawn a few times a second, whatever a step takes; the summary counts no
+FLOPs it cannot know (the health report counts them on the first step).
+"""
+
+import logging
+from collections.abc import Mapping
+from time import monotonic
+
+import torch
+from lightning.pytorch import Callback, Trainer
+from lightning.pytorch.callbacks import ModelSummary, TQDMProgressBar
+from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
+
+log = logging.getLogger("lightning.pytorch.callbacks.model_summary")
+
+
+def logs_this_step(trainer: Trainer) -> bool:
+    """Whether the logger writes at the end of this training step: an optimizer
+    step (not a micro-batch being accumulated) at which the logger connector
+    writes (every `--trainer.log_every_n_steps`, and the last)."""
+    if trainer.fit_loop.epoch_loop._should_accumulate():
+        return False
+    return bool(trainer._logger_connector.should_update_logs)
+
+
+class TrainLoss(Callback):
+    """Logs `train/loss`: the mean training loss over each logging window.
+
+    Each step's loss stays on the device. On the steps the logger writes
+    (every `--trainer.log_every_n_steps`) the window's mean is read once, as
+    one number, and shown where `self.log(..., prog_bar=True)` would show it:
+    on the progress bar and in `trainer.callback_metrics`, which checkpoints
+    and early stopping monitor. The loggers receive the numbers in groups,
+    every `write_every` seconds and at each epoch's end, each at its own step.
+    Between logging steps the kit adds no work. It reads the loss that
+    `training_step` returns, so any module gets the curve; one that logs
+    `train/loss` itself keeps its own.
+
+    Why not `self.log`: it costs about a millisecond of host time a call
+    (Lightning moves its whole record of the metric to the value's device each
+    time), flushes every logger, and a device tensor on the bar is read from the
+    device on every later step; and TensorBoard's writer thread costs more per
+    point written alone than per point written in a group.
+    """
+
+    NAME = "train/loss"
+    clock = staticmethod(monotonic)
+
+    def __init__(self, write_every: float = 10.0) -> None:
+        self.write_every = write_every
+        self._written_at = -float("inf")
+        self._losses: list[torch.Tensor] = []
+        self._pending: list[tuple[int, float]] = []  # (step, mean) not yet with the loggers
+        self._module_logs_it: bool | None = None
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self._module_logs_it:
+            return
+        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+        if not isinstance(loss, torch.Tensor):
+            return
+        if self._module_logs_it is None:
+            self._module_logs_it = self.NAME in trainer.callback_metrics
+            if self._module_logs_it:
+                return
+        self._losses.append(loss)  # already detached by Lightning
+        if logs_this_step(trainer):
+            # Lightning divides the loss it hands over by the accumulated batches.
+            scale = trainer.accumulate_grad_batches
+            mean = torch.stack(self._losses).mean().item() * scale  # the window's one read
+            self._losses.clear()
+            trainer.callback_metrics[self.NAME] = torch.tensor(mean)
+            trainer.progress_bar_metrics[self.NAME] = mean
+            # Lightning's x-axis for a step's metrics: the optimizer steps before this one.
+            self._pending.append((trainer.fit_loop.epoch_loop._batches_that_stepped, mean))
+            if self.clock() - self._written_at >= self.write_every:
+                self.write(trainer)
+
+    def write(self, trainer: Trainer) -> None:
+        """Hand the pending numbers to the loggers, and have them flush."""
+        self._written_at = self.clock()
+        if not self._pending:
+            return
+        for logger in trainer.loggers:
+            for step, mean in self._pending:
+                logger.log_metrics({self.NAME: mean}, step=step)
+            logger.save()
+        self._pending.clear()
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module) -> None:
+        self.write(trainer)
+
+    def on_exception(self, trainer: Trainer, pl_module, exception: BaseException) -> None:
+        self.write(trainer)
+
+
+class TQDMBar(TQDMProgressBar):
+    """Lightning's tqdm progress bar, redrawn at most every `interval` seconds.
+
+    Each redraw reads the logged metrics and writes to the terminal, which costs
+    more than a small model's whole step; Lightning redraws every
+    `refresh_rate` batches, a count that either freezes a slow step's bar or
+    redraws a fast one hundreds of times a second. A time interval suits both.
+    The last batch of each loop is always drawn.
+    """
+
+    clock = staticmethod(monotonic)
+
+    def __init__(self, interval: float = 0.5, process_position: int = 0, leave: bool = False):
+        super().__init__(refresh_rate=1, process_position=process_position, leave=leave)
+        self.interval = interval
+        self._drawn_at = -float("inf")
+
+    def _due(self, batch_idx: int, total: float) -> bool:
+        """Whether to redraw after `batch_idx` of `total`: the interval passed, or the last."""
+        now = self.clock()
+        if now - self._drawn_at >= self.interval or batch_idx + 1 == total:
+            self._drawn_at = now
+            return True
+        return False
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self._due(batch_idx, self.total_train_batches):
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, *args) -> None:
+        if self._due(batch_idx, self.total_val_batches_current_dataloader):
+            super().on_validation_batch_end(trainer, pl_module, outputs, batch, batch_idx, *args)
+
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, *args) -> None:
+        if self._due(batch_idx, self.total_test_batches_current_dataloader):
+            super().on_test_batch_end(trainer, pl_module, outputs, batch, batch_idx, *args)
+
+    def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, *args) -> None:
+        if self._due(batch_idx, self.total_predict_batches_current_dataloader):
+            super().on_predict_batch_end(trainer, pl_module, outputs, batch, batch_idx, *args)
+
+
+class Summary(ModelSummary):
+    """Lightning's model summary, without a FLOPs column of zeros.
+
+    Lightning counts a layer's FLOPs only for a module with an
+    `example_input_array`; without one it shows zeros and `Total FLOPs: 0`. The
+    health report counts a whole training step's FLOPs on the first step.
+    """
+
+    @staticmethod
+    def summarize(
+        summary_data, total_parameters, trainable_parameters, model_size, modes, total_flops, **_
+    ) -> None:
+        if not total_flops:
+            summary_data = [column for column in summary_data if column[0] != "FLOPs"]
+        table = _format_summary_table(
+            total_parameters, trainable_parameters, model_size, modes, total_flops, *summary_data
+        )
+        if not total_flops:
+            table = table.rsplit("\n", 1)[0]  # its last line: "0  Total Flops"
+        log.info("\n" + table)

@@ -1,0 +1,77 @@
+"""No step waits for the device where the logger does not write: the kit's train loss,
+progress bar, health report, checkpoints and in-memory data, and what Lightning does
+with what they log, read nothing from the device between logging steps.
+
+Kit test: it trains whatever model and data `project.py` names. A sync in your own
+`training_step` (a `.item()`, a `print` of a tensor, an `if loss > x`) fails it
+too, by name and line: on a GPU it would stall every step.
+"""
+
+import pytest
+from host_syncs import SyncCounter
+
+from {{ cookiecutter.package_name }}.kit.cli import main
+
+# Two short epochs, logging every third step: steps that log, steps that do not,
+# and an epoch's start (where in-memory data copies its new order once).
+FLAGS = [
+    "fit",
+    "--trainer.max_epochs=2",
+    "--trainer.limit_train_batches=7",
+    "--trainer.limit_val_batches=2",
+    "--trainer.log_every_n_steps=3",
+]
+
+
+def fit_counting(*flags: str) -> SyncCounter:
+    counter = SyncCounter()
+    main([*FLAGS, *flags], callbacks=[counter])
+    return counter
+
+
+def check(counter: SyncCounter) -> None:
+    quiet = [s for s in counter.steps if not s[1]]
+    logging = [s for s in counter.steps if s[1]]
+    assert len(quiet) >= 8 and len(logging) >= 3, counter.steps
+    synced = [s for s in quiet if s[2]]
+    assert not synced, "host syncs on steps the logger does not write:\n" + counter.report(synced)
+    # On a logging step, at most one read of the device for the kit's whole group of
+    # values (the train loss), plus one per scalar the module logs itself.
+    too_many = [s for s in logging if len(s[2]) > 1 + module_logged(s[2])]
+    assert not too_many, "more than one host sync on a logging step:\n" + counter.report(too_many)
+
+
+def module_logged(calls) -> int:
+    """The reads Lightning makes to write the module's own step metrics to the loggers."""
+    return sum("convert_tensors_to_scalars" in where for _, where in calls)
+
+
+def test_no_step_waits_for_the_device_between_logging_steps(workdir):
+    check(fit_counting())
+
+
+def test_nor_with_the_progress_bar_off_and_the_health_report_printed_as_it_goes(workdir):
+    check(fit_counting("--trainer.enable_progress_bar=false", "--health.every_n_steps=2"))
+
+
+@pytest.mark.slow
+def test_nor_when_compiled(workdir):
+    check(fit_counting("--compile.enabled=true"))
+
+
+def test_the_counter_sees_a_sync_in_a_step(workdir, monkeypatch):
+    """The test above would fail on the classic mistake: a value read in every step."""
+    from {{ cookiecutter.package_name }}.project import Model
+
+    step = Model.training_step
+
+    def reads_the_loss(self, batch, batch_idx):
+        loss = step(self, batch, batch_idx)
+        self.last_loss = loss.item() if hasattr(loss, "item") else loss["loss"].item()
+        return loss
+
+    monkeypatch.setattr(Model, "training_step", reads_the_loss)
+    counter = fit_counting()
+    quiet = [s for s in counter.steps if not s[1]]
+    assert all(len(calls) == 1 for _, _, calls in quiet)
+    assert "reads_the_loss" in quiet[0][2][0][1]
