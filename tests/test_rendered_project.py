@@ -28,8 +28,14 @@ INTO_ITS_RUN = "tests/test_cli.py::test_validate_and_test_the_best_checkpoint_in
 DAMAGED_NEWEST = (
     "tests/test_checkpoints.py::test_resume_skips_a_damaged_newest_checkpoint_and_says_why"
 )
-# The tests that read or write a logger's runs.
-LOGGER_TESTS = ["tests/test_cli.py", "tests/test_runs.py", "tests/test_bad_input.py"]
+# The tests that read or write a logger's runs (the train loss reaches each logger
+# without a host sync between logging steps).
+LOGGER_TESTS = [
+    "tests/test_cli.py",
+    "tests/test_runs.py",
+    "tests/test_bad_input.py",
+    "tests/test_syncs.py",
+]
 EVERY = ["tests"]
 SUITES = {
     "digits-tensorboard-every-option": ({}, None, None),
