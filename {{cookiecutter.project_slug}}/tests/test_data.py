@@ -259,3 +259,13 @@ def test_the_configured_in_memory_data_is_sliced_where_the_steps_run():
     if all(isinstance(split, TensorBatches) for split in datamodule.splits.values()):
         assert isinstance(loader, SlicedLoader)
         assert loader.num_workers == 0 and not loader.pin_memory
+
+
+def test_workers_asked_for_are_given_even_to_data_in_memory():
+    datamodule = Tensors(batch_size=4, num_workers=2)
+    datamodule.setup("fit")
+    loader = datamodule.train_dataloader()
+    assert not isinstance(loader, SlicedLoader) and loader.num_workers == 2
+    assert same_values(
+        list(datamodule.val_dataloader()), list(Tensors(batch_size=4).val_dataloader())
+    )

@@ -94,6 +94,7 @@ def test_fit_on_the_gpu_waits_for_nothing_between_logging_steps(workdir, caplog)
         cli = main(
             [
                 "fit",
+                "--trainer.devices=1",  # in this process: DDP would start new ones
                 "--trainer.max_epochs=2",
                 "--trainer.log_every_n_steps=5",
                 "--trainer.logger=false",

@@ -349,9 +349,11 @@ class ProjectCLI(LightningCLI):
         if self.subcommand not in (None, "predict"):  # it writes predictions, nothing else
             callbacks = [c for c in callbacks if not isinstance(c, BasePredictionWriter)]
         shown = not config.get("barebones")
+        summary = None
         if shown and config.get("enable_model_summary") is not False:
             if not any(isinstance(callback, ModelSummary) for callback in given):
-                callbacks = [*callbacks, Summary()]
+                # Lightning's own would be added (and announce it skipped one) otherwise.
+                summary, config["enable_model_summary"] = Summary(), False
         if shown and config.get("enable_progress_bar") is not False:
             if not any(isinstance(callback, ProgressBar) for callback in given):
                 callbacks = [*callbacks, TQDMBar()]
@@ -363,9 +365,9 @@ class ProjectCLI(LightningCLI):
         trainer = super()._instantiate_trainer(config, callbacks)
         # The config callback Lightning's CLI added is the kit's too.
         own |= {id(c) for c in trainer.callbacks if isinstance(c, SaveConfigCallback)}
-        parts = [c for c in trainer.callbacks if id(c) in own]
+        parts = [c for c in trainer.callbacks if id(c) in own] + ([summary] if summary else [])
         if parts:  # one callback in the first one's place
-            first = trainer.callbacks.index(parts[0])
+            first = next((i for i, c in enumerate(trainer.callbacks) if id(c) in own), 0)
             others = [c for c in trainer.callbacks if id(c) not in own]
             trainer.callbacks = [*others[:first], KitCallbacks(parts), *others[first:]]
         if type(trainer.profiler) is PassThroughProfiler:  # no --trainer.profiler given

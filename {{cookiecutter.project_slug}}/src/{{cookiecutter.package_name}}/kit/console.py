@@ -48,17 +48,20 @@ class TrainLoss(Callback):
     """
 
     NAME = "train/loss"
+    FOLD = 64  # losses kept before they are summed into one: a window's memory stays small
     clock = staticmethod(monotonic)
 
     def __init__(self, write_every: float = 10.0) -> None:
         self.write_every = write_every
         self._written_at = -float("inf")
-        self._losses: list[torch.Tensor] = []
-        self._pending: list[tuple[int, float]] = []  # (step, mean) not yet with the loggers
+        self._losses: list[torch.Tensor] = []  # this window's, on the device
+        self._count = 0  # steps in this window
+        # (step, epoch, mean) not yet with the loggers
+        self._pending: list[tuple[int, int, float]] = []
         self._module_logs_it: bool | None = None
 
     def on_train_batch_end(self, trainer: Trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if self._module_logs_it:
+        if self._module_logs_it or not trainer.log_every_n_steps:
             return
         loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
         if not isinstance(loss, torch.Tensor):
@@ -68,15 +71,19 @@ class TrainLoss(Callback):
             if self._module_logs_it:
                 return
         self._losses.append(loss)  # already detached by Lightning
+        self._count += 1
+        if len(self._losses) >= self.FOLD:
+            self._losses = [torch.stack(self._losses).sum(dtype=torch.float32)]
         if logs_this_step(trainer):
             # Lightning divides the loss it hands over by the accumulated batches.
-            scale = trainer.accumulate_grad_batches
-            mean = torch.stack(self._losses).mean().item() * scale  # the window's one read
-            self._losses.clear()
+            total = torch.stack(self._losses).sum(dtype=torch.float32)
+            mean = total.item() * trainer.accumulate_grad_batches / self._count  # the one read
+            self._losses, self._count = [], 0
             trainer.callback_metrics[self.NAME] = torch.tensor(mean)
             trainer.progress_bar_metrics[self.NAME] = mean
             # Lightning's x-axis for a step's metrics: the optimizer steps before this one.
-            self._pending.append((trainer.fit_loop.epoch_loop._batches_that_stepped, mean))
+            step = trainer.fit_loop.epoch_loop._batches_that_stepped
+            self._pending.append((step, trainer.current_epoch, mean))
             if self.clock() - self._written_at >= self.write_every:
                 self.write(trainer)
 
@@ -86,12 +93,20 @@ class TrainLoss(Callback):
         if not self._pending:
             return
         for logger in trainer.loggers:
-            for step, mean in self._pending:
-                logger.log_metrics({self.NAME: mean}, step=step)
+            for step, epoch, mean in self._pending:
+                logger.log_metrics({self.NAME: mean, "epoch": epoch}, step=step)
             logger.save()
         self._pending.clear()
 
+    # Written before validation logs its own (so a metrics file stays in step order),
+    # at each epoch's end, and when the run stops.
+    def on_validation_start(self, trainer: Trainer, pl_module) -> None:
+        self.write(trainer)
+
     def on_train_epoch_end(self, trainer: Trainer, pl_module) -> None:
+        self.write(trainer)
+
+    def on_train_end(self, trainer: Trainer, pl_module) -> None:
         self.write(trainer)
 
     def on_exception(self, trainer: Trainer, pl_module, exception: BaseException) -> None:

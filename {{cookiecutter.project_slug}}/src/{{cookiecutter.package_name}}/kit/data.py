@@ -275,7 +275,8 @@ class SplitDataModule(LightningDataModule):
         settings = self.loader_settings
         dataset = self.splits[split]
         sliced = isinstance(dataset, TensorBatches)
-        if sliced and not (settings.pin_memory and dataset.tensors[0].device.type == "cpu"):
+        copied = settings.pin_memory and dataset.tensors[0].device.type == "cpu"
+        if sliced and not copied and not self.setting("num_workers"):
             # The tensors are where the steps run: slice there, in this process.
             return SlicedLoader(dataset, batch_size=self.batch_size, shuffle=shuffle)
         # Read per sample, or batches of host tensors copied to a GPU from pinned memory.

@@ -3,7 +3,8 @@
 It follows the guide's tuning order (data first, then compute, then memory,
 then parallelism): at the end of fit, and every `every_n_steps` if asked, rank
 0 reports samples per second, the share of step time spent waiting for the
-next batch, a training step's FLOPs and the FLOP/s achieved, MFU against the
+next batch (over every step but the first, which counts the FLOPs), a training
+step's FLOPs and the FLOP/s achieved, MFU against the
 device's peak (`kit/peaks.py`), the peak memory allocated on each CUDA device
 and the effective batch size. It adds no device sync to any step.
 
@@ -195,7 +196,9 @@ class TrainingHealth(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         end = self._now()
         self._stop_counting()
-        if self._start is not None:
+        # The fit's first step is not timed: it counts the FLOPs, and compiles and
+        # loads kernels for the first time.
+        if self._start is not None and self.steps > 0:
             self._pending.append((self._ready, self._start, end, batch_length(batch)))
         self._ready = end
         self.steps += 1
@@ -221,7 +224,7 @@ class TrainingHealth(Callback):
             # Per device: the FLOPs of its own batches over the time its steps took.
             flops_per_s = self.flops_per_batch * self.timed_steps / self.compute
             peak = peak_flops(device, trainer.precision)
-            mfu = round(flops_per_s / peak, 4) if peak else None
+            mfu = flops_per_s / peak if peak else None
         return {
             "steps": self.steps,
             "samples_per_s": round(self.samples * trainer.world_size / busy, 1) if busy else None,
@@ -243,19 +246,24 @@ class TrainingHealth(Callback):
     def report(self, trainer: Trainer, pl_module: LightningModule, final: bool) -> None:
         # Every rank measures (the memory gather is a collective); rank 0 prints.
         self.summary = facts = self.measure(trainer, pl_module)
-        parts = [f"{facts['samples_per_s']} samples/s"]
+        parts = []
+        if facts["samples_per_s"] is None:  # a single step: the first is not timed
+            parts.append("too few steps to time")
+        else:
+            parts.append(f"{facts['samples_per_s']} samples/s")
         if facts["data_wait_share"] is not None:
             parts.append(
                 f"data wait {100 * facts['data_wait_share']:.0f}% of step time"
                 f" ({facts['clock']} clock)"
             )
         if facts["flops_per_batch"]:
-            parts.append(
-                f"{short_number(facts['flops_per_batch'])}FLOP per training step"
-                f" (forward and backward), {short_number(facts['flops_per_s'])}FLOP/s per device"
-            )
+            flops = f"{short_number(facts['flops_per_batch'])}FLOP per training step"
+            flops += " (forward and backward)"
+            if facts["flops_per_s"]:
+                flops += f", {short_number(facts['flops_per_s'])}FLOP/s per device"
+            parts.append(flops)
         if facts["mfu"] is not None:
-            parts.append(f"MFU {100 * facts['mfu']:.1f}%")
+            parts.append(f"MFU {100 * facts['mfu']:.3g}%")
         elif facts["peak_unknown"] and not self._peak_unknown_said:
             self._peak_unknown_said = True  # once a run: it will not become known
             parts.append(f"MFU: peak unknown for {facts['peak_unknown']}")
