@@ -25,6 +25,8 @@ from lightning.pytorch import Callback
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
+from {{ cookiecutter.package_name }}.kit.console import logs_this_step
+
 # Calls that read a CUDA tensor's value on the host, or whose result's size does.
 SYNCS = {
     "item",
@@ -125,9 +127,7 @@ class SyncCounter(Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._close()
-        loop = trainer.fit_loop.epoch_loop
-        logs = trainer._logger_connector.should_update_logs and not loop._should_accumulate()
-        self._open = (trainer.global_step, bool(logs), len(self.mode.calls))
+        self._open = (trainer.global_step, logs_this_step(trainer), len(self.mode.calls))
         self.mode.counting = True
 
     def on_validation_start(self, trainer, pl_module) -> None:
@@ -148,3 +148,22 @@ class SyncCounter(Callback):
             for step, logs, calls in steps
             for name, where in calls
         )
+
+
+class CopiesToDevice(TorchFunctionMode):
+    """Counts the tensors copied from host memory onto a device of `device_type` (a
+    CUDA device, or the `meta` device standing in for one on the CPU)."""
+
+    def __init__(self, device_type: str):
+        super().__init__()
+        self.device_type, self.copies = device_type, 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        source = args[0] if args else None
+        from_host = not isinstance(source, torch.Tensor) or source.device.type == "cpu"
+        made_there = isinstance(result, torch.Tensor) and result.device.type == self.device_type
+        copies = getattr(func, "__name__", "") in ("to", "as_tensor", "tensor", "cuda")
+        if copies and made_there and from_host:
+            self.copies += 1
+        return result

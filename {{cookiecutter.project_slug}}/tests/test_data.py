@@ -7,8 +7,8 @@ Kit test: the last tests run whatever DataModule `project.py` names.
 import pytest
 import torch
 from conftest import configured, first_batch, same_values
+from host_syncs import CopiesToDevice
 from lightning.pytorch import Trainer
-from torch.overrides import TorchFunctionMode
 from torch.utils.data import ConcatDataset, DataLoader, Dataset, DistributedSampler, TensorDataset
 
 from {{ cookiecutter.package_name }}.kit.data import (
@@ -217,34 +217,16 @@ def test_sliced_batches_under_ddp_are_each_ranks_own_shard_reshuffled_every_epoc
     assert seen[0, 0] != seen[0, 1]
 
 
-class CopiesToTheDevice(TorchFunctionMode):
-    """Counts the copies from host memory onto the `meta` device (standing in for a GPU)."""
-
-    def __init__(self):
-        super().__init__()
-        self.copies = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        result = func(*args, **(kwargs or {}))
-        source = args[0] if args else None
-        from_host = not isinstance(source, torch.Tensor) or source.device.type == "cpu"
-        made_there = isinstance(result, torch.Tensor) and result.device.type == "meta"
-        copies = getattr(func, "__name__", "") in ("to", "as_tensor", "tensor")
-        if copies and made_there and from_host:
-            self.copies += 1
-        return result
-
-
 def test_data_on_the_device_is_copied_once_an_epoch_not_once_a_batch():
     on_device = TensorBatches(*(t.to("meta") for t in numbered(40).tensors))
     loader = SlicedLoader(on_device, batch_size=4, shuffle=True)
-    with CopiesToTheDevice() as counted:
+    with CopiesToDevice("meta") as counted:
         for _ in range(2):  # two epochs of ten batches
             batches = list(loader)
             assert len(batches) == 10 and batches[0][0].device.type == "meta"
     assert counted.copies == 2  # each epoch's order, once
     # A DataLoader turns every batch's indices into a tensor on the device: a copy a batch.
-    with CopiesToTheDevice() as counted:
+    with CopiesToDevice("meta") as counted:
         batches = list(DataLoader(on_device, batch_size=4, collate_fn=lambda batch: batch))
     assert counted.copies == 10
 

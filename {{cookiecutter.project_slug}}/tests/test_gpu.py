@@ -10,32 +10,17 @@ import warnings
 
 import pytest
 import torch
+from host_syncs import CopiesToDevice
 from lightning.pytorch import Callback
-from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
 from {{ cookiecutter.package_name }}.kit.callbacks import find_callback
 from {{ cookiecutter.package_name }}.kit.cli import main
+from {{ cookiecutter.package_name }}.kit.console import logs_this_step
 from {{ cookiecutter.package_name }}.kit.data import SlicedLoader
 from {{ cookiecutter.package_name }}.kit.health import TrainingHealth
 
 WARM_UP = 3  # steps that may sync once: FLOP counting, cuDNN's choice of kernels
-
-
-class CopiesToCuda(TorchFunctionMode):
-    """Counts tensors copied from host memory to a CUDA device."""
-
-    def __init__(self):
-        super().__init__()
-        self.copies = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        result = func(*args, **(kwargs or {}))
-        source = args[0] if args else None
-        from_host = not isinstance(source, torch.Tensor) or source.device.type == "cpu"
-        if from_host and isinstance(result, torch.Tensor) and result.is_cuda:
-            self.copies += getattr(func, "__name__", "") in ("to", "as_tensor", "tensor", "cuda")
-        return result
 
 
 class OnTheDevice(Callback):
@@ -46,7 +31,7 @@ class OnTheDevice(Callback):
     def __init__(self):
         self.devices: set[str] = set()
         self.steps: list[tuple[bool, list[str], int]] = []
-        self._copies = CopiesToCuda()
+        self._copies = CopiesToDevice("cuda")
         self._step = None
 
     def _close(self) -> None:
@@ -67,13 +52,12 @@ class OnTheDevice(Callback):
         self.devices |= {p.device.type for p in pl_module.parameters()}
         if trainer.global_step < WARM_UP:
             return
-        loop = trainer.fit_loop.epoch_loop
-        logs = trainer._logger_connector.should_update_logs and not loop._should_accumulate()
+        logs = logs_this_step(trainer)
         caught = warnings.catch_warnings(record=True)
         recorded = caught.__enter__()
         warnings.simplefilter("always")
         self._copies.__enter__()
-        self._step = (bool(logs), caught, recorded, self._copies.copies)
+        self._step = (logs, caught, recorded, self._copies.copies)
         torch.cuda.set_sync_debug_mode("warn")
 
     def on_validation_start(self, trainer, pl_module):

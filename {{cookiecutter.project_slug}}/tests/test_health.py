@@ -57,6 +57,18 @@ class TimedModel(LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
+def fit_on_the_clock(model, clock, callbacks, seconds_per_item=0.0, num_workers=0, **flags):
+    """Fit `model` on BATCHES batches of items that each cost `seconds_per_item` of
+    `clock`, with `callbacks` and nothing else (no logger, checkpoints, bar or summary)
+    unless `flags` for the Trainer say so; the Trainer."""
+    quiet = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    quiet |= dict(enable_model_summary=False, max_epochs=1)
+    trainer = Trainer(accelerator="cpu", devices=1, callbacks=callbacks, **(quiet | flags))
+    loader = DataLoader(Timed(clock, seconds_per_item), batch_size=BATCH, num_workers=num_workers)
+    trainer.fit(model, loader)
+    return trainer
+
+
 def fit_with_health(
     seconds_per_item: float, data_wait_warn: float = 0.3, num_workers: int = 0
 ) -> tuple[TrainingHealth, list[str]]:
@@ -64,20 +76,9 @@ def fit_with_health(
     clock = FakeClock()
     health = TrainingHealth(data_wait_warn=data_wait_warn)
     health.clock = clock
-    loader = DataLoader(Timed(clock, seconds_per_item), batch_size=BATCH, num_workers=num_workers)
-    trainer = Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_epochs=1,
-        callbacks=[health],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        trainer.fit(TimedModel(clock), loader)
+        fit_on_the_clock(TimedModel(clock), clock, [health], seconds_per_item, num_workers)
     return health, [str(w.message) for w in caught]
 
 
@@ -147,19 +148,11 @@ def test_accumulating_a_batchnorm_model_warns_once():
             self.layer = torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.BatchNorm1d(2))
 
     clock = FakeClock()
-    trainer = Trainer(
-        accelerator="cpu",
-        max_steps=2,
-        accumulate_grad_batches=4,
-        callbacks=[TrainingHealth()],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        trainer.fit(WithBatchNorm(clock), DataLoader(Timed(clock, 0.0), batch_size=BATCH))
+        fit_on_the_clock(
+            WithBatchNorm(clock), clock, [TrainingHealth()], max_steps=2, accumulate_grad_batches=4
+        )
     advice = [str(w.message) for w in caught if "BatchNorm with accumulate" in str(w.message)]
     assert len(advice) == 1 and f"micro-batch of {BATCH} samples" in advice[0]
 
@@ -256,16 +249,7 @@ def test_on_cuda_data_wait_is_the_devices_idle_time_read_off_events(step, item, 
     gpu = FakeGPU(clock)
     health = TrainingHealth()
     health.clock, health.events, health.event = clock, True, gpu.event
-    trainer = Trainer(
-        accelerator="cpu",
-        max_epochs=1,
-        callbacks=[health],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
-    trainer.fit(QueuesWork(clock, gpu, step), DataLoader(Timed(clock, item), batch_size=BATCH))
+    fit_on_the_clock(QueuesWork(clock, gpu, step), clock, [health], item)
     summary = health.summary
     assert summary["clock"] == "device" and summary["steps"] == BATCHES
     # Every step but the first (which counts the FLOPs) is timed.
@@ -303,18 +287,9 @@ def fit_logging_train_loss(tmp_path, model, **trainer_flags) -> tuple[TrainLoss,
 
     from lightning.pytorch.loggers import CSVLogger
 
-    train_loss = TrainLoss()
-    trainer = Trainer(
-        accelerator="cpu",
-        callbacks=[train_loss],
-        logger=CSVLogger(tmp_path, name="", version=""),
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        **trainer_flags,
-    )
-    clock = FakeClock()
-    trainer.fit(model(clock), DataLoader(Timed(clock, 0.0), batch_size=BATCH))
+    train_loss, clock = TrainLoss(), FakeClock()
+    logger = CSVLogger(tmp_path, name="", version="")
+    fit_on_the_clock(model(clock), clock, [train_loss], logger=logger, **trainer_flags)
     if not (tmp_path / "metrics.csv").exists():
         return train_loss, []
     with open(tmp_path / "metrics.csv", newline="") as file:
@@ -356,18 +331,10 @@ def test_a_long_window_keeps_few_tensors_and_no_logging_keeps_none(tmp_path, mon
     for every, expected in ((10, [5.5]), (0, [])):  # the mean of 1..10; no logging at all
         train_loss = TrainLoss()
         kept = Kept(train_loss)
-        trainer = Trainer(
-            accelerator="cpu",
-            max_steps=10,
-            log_every_n_steps=every,
-            callbacks=[train_loss, kept],
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-        )
         clock = FakeClock()
-        trainer.fit(FixedLosses(clock), DataLoader(Timed(clock, 0.0), batch_size=BATCH))
+        trainer = fit_on_the_clock(
+            FixedLosses(clock), clock, [train_loss, kept], max_steps=10, log_every_n_steps=every
+        )
         logged = trainer.callback_metrics.get("train/loss")
         assert ([] if logged is None else [float(logged)]) == expected
         assert max(kept.kept) <= (4 if every else 0)
@@ -408,18 +375,14 @@ def test_train_loss_reaches_the_loggers_in_groups_at_its_own_steps(tmp_path):
     train_loss = TrainLoss(write_every=10.0)
     train_loss.clock = clock
     recorder = Recorder(clock)
-    trainer = Trainer(
-        accelerator="cpu",
-        max_epochs=1,
-        log_every_n_steps=2,
-        callbacks=[train_loss],
+    trainer = fit_on_the_clock(
+        SecondSteps(clock),
+        clock,
+        [train_loss],
         logger=recorder,
+        log_every_n_steps=2,
         default_root_dir=tmp_path,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
     )
-    trainer.fit(SecondSteps(clock), DataLoader(Timed(clock, 0.0), batch_size=BATCH))
     written = [(at, step) for at, name, step in recorder.received if name == "train/loss"]
     # Windows end after steps 2, 4, ..., 12 (at 2 s, 4 s, ...): the first is written at
     # once, the next five together 10 s later, each at its own step (Lightning's x-axis).

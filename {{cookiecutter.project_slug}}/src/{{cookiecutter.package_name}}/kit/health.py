@@ -4,9 +4,9 @@ It follows the guide's tuning order (data first, then compute, then memory,
 then parallelism): at the end of fit, and every `every_n_steps` if asked, rank
 0 reports samples per second, the share of step time spent waiting for the
 next batch (over every step but the first, which counts the FLOPs), a training
-step's FLOPs and the FLOP/s achieved, MFU against the
-device's peak (`kit/peaks.py`), the peak memory allocated on each CUDA device
-and the effective batch size. It adds no device sync to any step.
+step's FLOPs and the FLOP/s achieved, MFU against the device's peak
+(`kit/peaks.py`), the peak memory allocated on each CUDA device and the
+effective batch size. It adds no device sync to any step.
 
 Where the time goes is read off the clock that sees it. On the CPU that is the
 host clock: the time from one batch's end to the next one's start is data
