@@ -3,9 +3,11 @@ precision, eager and compiled, against the plain PyTorch loop in fp32.
 
     python benchmarks/gpu.py [--epochs 5] [--channels 128] [--batch-size 512] [--output FILE]
 
-One row per run: seconds, samples/s, the share of step time spent waiting for
-data, MFU (model FLOPs utilisation against the device's peak for the precision
-in use) and peak memory. Printed as a table and written as JSON. Needs CUDA.
+One row per run: seconds, the median step and its samples/s (the host's clock from
+one batch's start to the next, for the loop and the project alike), then the health
+report's share of step time spent waiting for data, MFU (model FLOPs utilisation
+against the device's peak for the precision in use) and peak memory. Printed as a
+table and written as JSON. Needs CUDA.
 """
 
 import argparse
@@ -42,9 +44,15 @@ def main() -> int:
     os.chdir(project)
     work_args = (pkg, args.epochs, args.batch_size, args.channels)
     rows = {}
+
+    def per_step(result: dict) -> dict:
+        """The median step (host clock, batch start to batch start) and its samples/s:
+        one measure for the plain loop and the project alike."""
+        step_ms = result.get("step_ms")
+        return {"step_ms": step_ms, "samples_per_s": step_ms and 1000 * args.batch_size / step_ms}
+
     seconds, result = bench.timed(bench.plain_loop, *work_args)
-    samples = result["steps"] * args.batch_size
-    rows["plain loop, fp32"] = {"seconds": seconds, "samples_per_s": samples / seconds}
+    rows["plain loop, fp32"] = {"seconds": seconds, **per_step(result)}
     runs = {
         "project, fp32": ["--trainer.precision=32-true"],
         "project, resolved precision": [],
@@ -55,7 +63,9 @@ def main() -> int:
         seconds, result = bench.timed(bench.project_fit, *work_args, *flags)
         rows[f"{name} ({result['precision']})" if "resolved" in name else name] = {
             "seconds": seconds,
-            **{key: result.get(key) for key in ("samples_per_s", "data_wait_share", "mfu")},
+            **per_step(result),
+            "health_samples_per_s": result.get("samples_per_s"),
+            **{key: result.get(key) for key in ("data_wait_share", "mfu")},
             "peak_memory_mib": (result.get("peak_memory_mib") or [None])[0],
         }
     report = {
@@ -66,7 +76,7 @@ def main() -> int:
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2) + "\n")
-    columns = ("seconds", "samples/s", "data wait", "MFU", "peak MiB")
+    columns = ("seconds", "step ms", "samples/s", "data wait", "MFU", "peak MiB")
     header = f"{'run':48} " + " ".join(f"{c:>{max(len(c), 7)}}" for c in columns)
     print(f"{report['device']} | torch {report['torch']} | {report['work']}")
     print(header)
@@ -74,7 +84,8 @@ def main() -> int:
         wait, mfu, peak = row.get("data_wait_share"), row.get("mfu"), row.get("peak_memory_mib")
         cells = (
             f"{row['seconds']:.2f}",
-            f"{row['samples_per_s']:.0f}",
+            "" if row["step_ms"] is None else f"{row['step_ms']:.3f}",
+            "" if row["samples_per_s"] is None else f"{row['samples_per_s']:.0f}",
             "" if wait is None else f"{100 * wait:.1f}%",
             "" if mfu is None else f"{100 * mfu:.2f}%",
             "" if peak is None else str(peak),

@@ -27,7 +27,7 @@ no_cuda() {
 if [ -n "${WHEELHOUSE:-}" ]; then
     base="${PYTHON:-python3}"
     if no_cuda "$base"; then exit 1; fi
-    venv=build/gpu-check/venv
+    venv="$PWD/build/gpu-check/venv"  # absolute: the tests run from the project
     echo "==> Installing from $WHEELHOUSE alone into $venv (keeping $base's torch)" >&2
     "$base" -m venv "$venv"
     # The venv sees the base interpreter's packages (after its own): torch among them.
