@@ -110,11 +110,10 @@ class NullData(SplitDataModule):
         test = TensorDataset(x[:val], y[:val])
         return {"train": TensorDataset(x[val:], y[val:]), "val": test, "test": test}
 """
-NULL_PROJECT = """from null_step.model import NullData as DataModule
-from null_step.model import NullModel as Model
+NULL_PROJECT = """from .kit.spec import Project
+from .model import NullData, NullModel
 
-MONITOR = "val/loss"
-MODE = "min"
+PROJECT = Project(model=NullModel, datamodule=NullData, monitor="val/loss", mode="min")
 TARGET = 10.0
 """
 
@@ -273,6 +272,7 @@ def project_fit(pkg, epochs: int, batch_size: int, channels: int, *extra: str) -
             f"--model.channels={channels}",
             *extra,
         ],
+        pkg.project,
         callbacks=[mark],
     )
     health = pkg.callbacks.find_callback(cli.trainer, pkg.health.TrainingHealth)
@@ -311,10 +311,10 @@ def package_of(project: Path) -> argparse.Namespace:
         "health": "kit.health",
         "data": "data",
         "model": "model",
+        "main": "__main__",
     }
-    return argparse.Namespace(
-        **{name: importlib.import_module(f"{package}.{path}") for name, path in modules.items()}
-    )
+    found = {name: importlib.import_module(f"{package}.{path}") for name, path in modules.items()}
+    return argparse.Namespace(**found, project=found["main"].project())
 
 
 def null_package(work: Path) -> argparse.Namespace:
@@ -335,6 +335,7 @@ def null_package(work: Path) -> argparse.Namespace:
         root=project,
         cli=importlib.import_module("null_step.kit.cli"),
         model=importlib.import_module("null_step.model"),
+        project=importlib.import_module("null_step.__main__").project(),
     )
 
 
@@ -375,7 +376,8 @@ def null_project(null, steps: int, *flags: str) -> None:
             "--trainer.limit_val_batches=2",
             f"--data.batches={steps}",
             *flags,
-        ]
+        ],
+        null.project,
     )
 
 

@@ -119,7 +119,10 @@ RENDERED_RULES = [
     ),
     (r"wandb login", "skip needs a Weights & Biases account"),
     (r"wandb sync logs/wandb/offline-run-\*", "skip needs a W&B account and the network"),
-    (r'pytest( -m "not slow")?', "covered tests/test_rendered_project.py runs the suite"),
+    (
+        r'pytest( -m "not slow"| -m target)?',
+        "covered tests/test_rendered_project.py runs the suite, and `-m target` on two renders",
+    ),
     (r"ruff check \. && ruff format --check \.", "run"),
     (r"git init && pre-commit install", "run"),
     (r"cruft (check|update|link .*)", "covered tests/test_ecosystem.py (a cruft-made project)"),

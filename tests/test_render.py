@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import python, render, run
+from conftest import TEMPLATE, python, render, run
 
 # The options, and a pairwise matrix over them: every value of every option at
 # least once, and every pair of values of two options together at least once
@@ -82,15 +82,16 @@ def expected_files(package: str, answers: dict) -> set[str]:
     answers = {**DEFAULTS, **answers}
     users = "__init__ __main__ data model project"
     kit = (
-        "__init__ callbacks checkpoints cli console data doctor export hardware health hints peaks"
-        " predict runs sweep trial"
+        "__init__ callbacks checkpoints cli console data doctor export hardware health hints"
+        " internals machine peaks predict runs spec stopping sweep trial"
     )
     tests = (
         "conftest host_syncs instruments test_bad_input test_callbacks test_checkpoints test_cli"
         " test_compile test_data test_ddp test_doctor test_example test_export test_faults"
-        " test_gpu test_hardware test_health test_hints test_model test_peaks test_runs"
-        " test_sweep test_syncs"
+        " test_gpu test_hardware test_health test_hints test_imports test_internals test_model"
+        " test_peaks test_runs test_sweep test_syncs"
     )
+    support = "__init__ batches fits processes project readers"
     configs = "accumulate ddp debug default gpu profile sweep"
     files = {
         ".gitignore",
@@ -101,6 +102,7 @@ def expected_files(package: str, answers: dict) -> set[str]:
         *(f"src/{package}/{name}.py" for name in users.split()),
         *(f"src/{package}/kit/{name}.py" for name in kit.split()),
         *(f"tests/{name}.py" for name in tests.split()),
+        *(f"tests/support/{name}.py" for name in support.split()),
     }
     if answers["cluster"]:
         files |= {
@@ -224,8 +226,9 @@ def test_only_the_chosen_logger_is_configured_and_installed(rendered):
             assert (package in names) == (choice == logger), (package, names)
     default = yaml.safe_load((project / "configs" / "default.yaml").read_text())
     assert default["trainer"]["logger"]["class_path"].endswith("." + LOGGER_CLASS[logger])
+    # The kit prepares every logger at run time: the choice lives in default.yaml alone.
     cli = (project / "src" / package_of(project) / "kit" / "cli.py").read_text()
-    assert [c for c in LOGGER_CLASS.values() if f'.{c}"' in cli] == [LOGGER_CLASS[logger]]
+    assert all(f'"{c}"' in cli for c in ("MLFlowLogger", "WandbLogger"))
 
 
 def test_readme_mentions_only_what_was_chosen(rendered):
@@ -371,3 +374,30 @@ def test_template_readme_and_ci_run_the_same_test_command():
     assert "bash scripts/demo.sh" in readme and "bash scripts/test.sh" in readme
     assert "scripts/test.sh" in (root / ".ci" / "run").read_text()
     assert "bash scripts/test.sh" in (root / ".github" / "workflows" / "ci.yml").read_text()
+
+
+def test_the_kit_is_the_same_text_in_every_render(tmp_path):
+    """The kit takes the project as an argument and every logger at run time: no
+    option, name or example changes a byte of it, so an update patches it cleanly."""
+    kits = {}
+    for number, answers in enumerate(COMBINATIONS):
+        project = render(tmp_path / str(number), **answers)
+        kit = project / "src" / package_of(project) / "kit"
+        kits[combination_id(answers)] = {
+            path.name: path.read_bytes() for path in sorted(kit.glob("*.py"))
+        }
+    first_id, first = next(iter(kits.items()))
+    assert len(kits) == len(COMBINATIONS) > 10
+    for combination, files in kits.items():
+        assert files.keys() == first.keys(), combination
+        differ = [name for name in files if files[name] != first[name]]
+        assert differ == [], f"{combination} differs from {first_id} in kit/{differ}"
+
+
+def test_the_kit_is_plain_python():
+    """No template expression in the kit's source: it renders as it is written."""
+    package = TEMPLATE / "{{cookiecutter.project_slug}}" / "src" / "{{cookiecutter.package_name}}"
+    files = sorted((package / "kit").glob("*.py"))
+    assert len(files) > 10
+    jinja = [f.name for f in files if any(mark in f.read_text() for mark in ("{{", "{%", "{#"))]
+    assert jinja == []

@@ -37,6 +37,8 @@ LOGGER_TESTS = [
     "tests/test_syncs.py",
 ]
 EVERY = ["tests"]
+# The renders whose full default fit is held to the example's target (`-m target`).
+TO_TARGET = {"digits-tensorboard-every-option", "minimal-csv-no-cluster-no-ci-no-license"}
 SUITES = {
     "digits-tensorboard-every-option": ({}, None, None),
     "minimal-csv-no-cluster-no-ci-no-license": (
@@ -59,8 +61,10 @@ SUITES = {
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("answers", "quick", "slow"), SUITES.values(), ids=SUITES.keys())
-def test_rendered_project_passes_its_own_test_suite(tmp_path, answers, quick, slow):
+@pytest.mark.parametrize(
+    ("suite", "answers", "quick", "slow"), [(k, *v) for k, v in SUITES.items()], ids=SUITES.keys()
+)
+def test_rendered_project_passes_its_own_test_suite(tmp_path, suite, answers, quick, slow):
     project = render(tmp_path, **answers)
     env = env_without_mlflow_uri()
     # One process each: this suite's own workers already run the renders side by side.
@@ -68,6 +72,8 @@ def test_rendered_project_passes_its_own_test_suite(tmp_path, answers, quick, sl
     runs = [pytest_]
     if slow:
         runs = [[*pytest_, "-m", "not slow", *quick], [*pytest_, "-m", "slow", *slow]]
+    if suite in TO_TARGET:
+        runs.append([*pytest_, "-m", "target"])
     outputs = [run(command, cwd=project, timeout=1200, env=env).stdout for command in runs]
     output = "\n".join(outputs)
     # Every CPU test ran and passed; only the GPU ones may skip, with a reason.
@@ -75,6 +81,8 @@ def test_rendered_project_passes_its_own_test_suite(tmp_path, answers, quick, sl
     assert sum(passed_count(out) for out in outputs) >= (100 if quick == EVERY else 20), output[
         -3000:
     ]
+    if suite in TO_TARGET:  # the fit to the target ran, and only when asked for
+        assert passed_count(outputs[-1]) >= 1 and "target" not in " ".join(runs[0]), outputs[-1]
     skipped = re.findall(r"SKIPPED \[\d+\] \S+: (.*)", output)
     if not torch.cuda.is_available():
         # The GPU config's fast_dev_run (in test_cli.py) and the GPU fit, nothing else.

@@ -4,7 +4,8 @@ Each problem in `replacements/` is what a user writes: `project.py`, `model.py`
 and `data.py`. It is copied into a fresh render, the example's own tests are
 deleted, and the kit's tests run with no edit anywhere else: the quick ones,
 and the slow ones that touch what differs from the example (a fit to the
-problem's own target, evaluation and predictions, an exact resume, DDP).
+problem's own target, evaluation and predictions, an exact resume, DDP). A problem
+whose exports leave the sequence length free is exported and run on another length.
 """
 
 import re
@@ -26,6 +27,10 @@ SLOW = {
     ],
     "transformer": [],  # the quick ones: its network is another's, its data the demo's
 }
+# The problems whose Project.dynamic_dims frees the sequence length: their .pt2 and .onnx
+# exports run on sequences of another length (replacements/other_length.py checks).
+# The transformer's network cannot be traced at all (replacements/README.md).
+FREE_LENGTH = {"text"}
 
 
 def counts(output: str) -> dict[str, int]:
@@ -44,6 +49,14 @@ def test_the_kit_tests_pass_for_another_problem(tmp_path, problem):
     python("-m", "ruff", "check", "--no-cache", ".", cwd=project)
     env = env_without_mlflow_uri()
     pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0"]
+    if problem in FREE_LENGTH:
+        workdir = project / "other-length"
+        workdir.mkdir()
+        script = str(REPLACEMENTS / "other_length.py")
+        src = str(project / "src")
+        result = run([sys.executable, script], cwd=workdir, env=env, PYTHONPATH=src)
+        assert "pt2: length" in result.stdout and "onnx: length" in result.stdout, result.stdout
+        shutil.rmtree(workdir)
     quick = run([*pytest, "-m", "not slow"], cwd=project, env=env, timeout=1200)
     results = [quick]
     if SLOW[problem]:

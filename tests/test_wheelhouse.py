@@ -1,16 +1,22 @@
 """A GPU node without internet: `scripts/wheelhouse.py` builds the wheels here, and
 they install the template's tool and the rendered project, `dev` extra and all,
-with no index, beside the node's own torch."""
+with no index, beside the node's own torch. There, with what `[dev]` installs and
+nothing else, the kit's tests pass for a problem of the smallest shape."""
 
 import os
 import platform
+import re
+import shutil
 import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from conftest import TEMPLATE, python, render, run
+
+TINY = Path(__file__).parent / "replacements" / "tiny"  # one batch an epoch in every split
 
 
 def test_a_stand_in_wheel_is_an_installable_empty_distribution(tmp_path):
@@ -31,7 +37,7 @@ def test_a_stand_in_wheel_is_an_installable_empty_distribution(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_wheelhouse_installs_everything_but_torch_with_no_index(tmp_path):
+def test_the_wheelhouse_installs_everything_but_torch_and_the_kit_passes_there(tmp_path):
     here = f"{sys.version_info.major}.{sys.version_info.minor}"
     torch_version = torch.__version__.split("+")[0]
     wheels = tmp_path / "wheels"
@@ -70,3 +76,20 @@ def test_the_wheelhouse_installs_everything_but_torch_with_no_index(tmp_path):
     )
     assert "Training health" in fit.stderr
     assert Path(node).parent.joinpath("cookiecutter").exists()
+
+    # The kit's tests, in what `[dev]` alone installed, on a problem of the smallest shape
+    # (one batch an epoch in every split) with a config of the user's own beside the shipped.
+    package_dir = project / "src" / package
+    for name in ("project.py", "model.py", "data.py"):
+        shutil.copy(TINY / name, package_dir / name)
+    (project / "tests" / "test_example.py").unlink()
+    mine = yaml.safe_load((project / "configs" / "default.yaml").read_text())
+    mine["trainer"]["max_epochs"] = 3
+    (project / "configs" / "mine.yaml").write_text(yaml.safe_dump(mine))
+    suite = run(
+        [node, "-m", "pytest", "-q", "-m", "not slow", "-p", "no:cacheprovider"],
+        cwd=project,
+        timeout=1200,
+        env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")},
+    )
+    assert re.search(r"\d+ passed", suite.stdout) and " failed" not in suite.stdout, suite.stdout

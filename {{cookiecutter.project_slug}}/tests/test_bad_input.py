@@ -6,7 +6,7 @@ given to whatever model and data `project.py` names.
 
 import pytest
 import torch
-from conftest import made_a_run
+from support import made_a_run
 
 from {{ cookiecutter.package_name }}.__main__ import main
 

@@ -9,10 +9,10 @@ import logging
 from types import SimpleNamespace
 
 import torch
-from conftest import FakeClock
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.profilers import SimpleProfiler
+from support import FakeClock, main
 from torch.utils.data import DataLoader, TensorDataset
 
 from {{ cookiecutter.package_name }}.kit.callbacks import (
@@ -25,7 +25,6 @@ from {{ cookiecutter.package_name }}.kit.callbacks import (
     format_environment,
     torch_build,
 )
-from {{ cookiecutter.package_name }}.kit.cli import main
 from {{ cookiecutter.package_name }}.kit.console import Summary, TQDMBar, TrainLoss
 from {{ cookiecutter.package_name }}.kit.doctor import cuda_devices
 from {{ cookiecutter.package_name }}.kit.health import TrainingHealth

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import (
+from support import (
     fork_cli,
     load_checkpoint,
+    main,
     run_dirs,
     run_forked,
 )
@@ -28,7 +29,6 @@ from {{ cookiecutter.package_name }}.kit.checkpoints import (
     check_checkpoint,
     resume_candidates,
 )
-from {{ cookiecutter.package_name }}.kit.cli import main
 
 INSTRUMENTS = "--trainer.callbacks+=instruments.Instruments"
 
@@ -183,7 +183,7 @@ def damage(path: Path) -> None:
 
 @pytest.mark.slow
 def test_resume_skips_a_damaged_newest_checkpoint_and_says_why(trained_checkpoint, workdir):
-    from conftest import folder_of
+    from support import folder_of
 
     shutil.copytree(folder_of(trained_checkpoint), workdir, dirs_exist_ok=True)
     (run,) = run_dirs(workdir)
@@ -206,9 +206,7 @@ def test_with_every_checkpoint_damaged_the_run_starts_afresh_saying_so(
 ):
     import logging
 
-    from conftest import folder_of
-
-    from {{ cookiecutter.package_name }}.kit.cli import main
+    from support import folder_of, main
 
     shutil.copytree(folder_of(trained_checkpoint), workdir, dirs_exist_ok=True)
     (run,) = run_dirs(workdir)

@@ -1,18 +1,25 @@
 """The command line: the commands it lists, configs, and the full fit to its target
 followed by validate, test and predict from the best checkpoint.
 
-Kit test: it runs whatever model and data `project.py` names, and holds the fit
-to `project.MONITOR` reaching `project.TARGET` (`project.MODE` says which way is better).
+Kit test: it runs whatever model and data `project.py` names, with whatever configs
+configs/ holds. The full default fit, held to `TARGET` on the project's metric, is
+marked `target` and runs only when asked for (`pytest -m target`).
 """
 
 import csv
+import re
 import shutil
+import warnings
+from dataclasses import replace
 
 import pytest
 import torch
 import yaml
-from conftest import (
+from lightning.pytorch.profilers import SimpleProfiler
+from lightning.pytorch.utilities.model_helpers import is_overridden
+from support import (
     CONFIGS,
+    PROJECT,
     PROJECT_ROOT,
     best_score,
     configured,
@@ -21,15 +28,17 @@ from conftest import (
     loader_length,
     logged_scalars,
     made_a_run,
+    main,
     reached,
     run_dirs,
 )
-from lightning.pytorch.profilers import SimpleProfiler
-from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from {{ cookiecutter.package_name }}.__main__ import main as command
-from {{ cookiecutter.package_name }}.kit.cli import main
-from {{ cookiecutter.package_name }}.project import MODE, MONITOR, TARGET
+from {{ cookiecutter.package_name }}.kit.cli import LIBRARY_NOISE
+from {{ cookiecutter.package_name }}.project import TARGET
+
+MODE = PROJECT.mode
+MONITOR = PROJECT.monitor
 
 
 def printed_config(capsys, *args: str) -> dict:
@@ -62,10 +71,21 @@ def test_print_config_shows_trainer_model_data_and_checkpoint(capsys):
     assert (config["checkpoint"]["monitor"], config["checkpoint"]["mode"]) == (MONITOR, MODE)
 
 
-def test_default_yaml_is_the_defaults(capsys):
+def test_default_yaml_is_the_defaults(capsys, tmp_path):
+    """configs/default.yaml is read first by every command, and nothing else holds its
+    values: a project whose defaults file says otherwise trains otherwise."""
+    assert PROJECT.defaults == CONFIGS / "default.yaml"
     assert printed_config(capsys, "--config", str(CONFIGS / "default.yaml")) == printed_config(
         capsys
     )
+    defaults = yaml.safe_load(PROJECT.defaults.read_text())
+    defaults["trainer"]["max_epochs"] += 7
+    changed = tmp_path / "default.yaml"
+    changed.write_text(yaml.safe_dump(defaults))
+    with pytest.raises(SystemExit):
+        main(["fit", "--print_config"], project=replace(PROJECT, defaults=changed))
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["trainer"]["max_epochs"] == defaults["trainer"]["max_epochs"]
 
 
 def test_configs_compose_and_flags_win(capsys):
@@ -84,7 +104,8 @@ def test_configs_compose_and_flags_win(capsys):
     assert config["trainer"]["accumulate_grad_batches"] == 2
 
 
-# What each config must have changed, checked on the Trainer it built.
+# What each shipped config must have changed, checked on the Trainer it built; a
+# config of your own only has to train.
 CONFIG_EFFECTS = {
     "accumulate.yaml": lambda t: t.accumulate_grad_batches == 4,
     "debug.yaml": lambda t: t.train_dataloader.num_workers == 0,
@@ -93,22 +114,42 @@ CONFIG_EFFECTS = {
 }
 
 
-# Not a config of fit: the sweep's search space (tests/test_sweep.py reads it).
-SWEEP_SPACE = "sweep.yaml"
+def kind_of(path) -> str:
+    """What a file in configs/ is: a search space (its keys are flags, `model.lr`), a
+    config that starts processes (DDP re-runs the command: tests/test_ddp.py runs it),
+    one for a GPU, or a config `fit` runs in this process."""
+    config = yaml.safe_load(path.read_text()) or {}
+    if any("." in str(key) for key in config):
+        return "space"
+    trainer = config.get("trainer") or {}
+    if str(trainer.get("strategy", "")).startswith("ddp"):
+        return "processes"
+    if trainer.get("accelerator") in ("gpu", "cuda"):
+        return "gpu"
+    return "fit"
 
 
 def config_params() -> list:
-    # ddp.yaml re-launches the entry point, so tests/test_ddp.py runs it in its own processes.
     return [
-        pytest.param(path, id=path.stem, marks=[pytest.mark.gpu] if path.name == "gpu.yaml" else [])
+        pytest.param(path, id=path.stem, marks=[pytest.mark.gpu] if kind == "gpu" else [])
         for path in sorted(CONFIGS.glob("*.yaml"))
-        if path.name not in ("ddp.yaml", SWEEP_SPACE)
+        if (kind := kind_of(path)) in ("fit", "gpu")
     ]
 
 
-def test_every_config_is_covered():
-    names = {path.name for path in CONFIGS.glob("*.yaml")}
-    assert names == set(CONFIG_EFFECTS) | {"ddp.yaml", "gpu.yaml", SWEEP_SPACE}
+def test_every_listed_config_is_shipped():
+    shipped = {path.name: kind_of(path) for path in CONFIGS.glob("*.yaml")}
+    assert set(CONFIG_EFFECTS) <= {name for name, kind in shipped.items() if kind == "fit"}
+
+
+def test_a_config_of_your_own_trains(workdir):
+    """The README's invitation: a copy of default.yaml, changed, is a config like any other."""
+    mine = yaml.safe_load((CONFIGS / "default.yaml").read_text())
+    mine["trainer"]["max_epochs"] = 1
+    (workdir / "mine.yaml").write_text(yaml.safe_dump(mine))
+    assert kind_of(workdir / "mine.yaml") == "fit"
+    cli = main(["fit", "--config", "mine.yaml", "--trainer.fast_dev_run", "true"])
+    assert cli.trainer.state.finished
 
 
 @pytest.mark.parametrize("path", config_params())
@@ -119,20 +160,14 @@ def test_fast_dev_run_with_each_config(path, workdir):
     if path.name == "gpu.yaml":
         assert trainer.precision == "bf16-mixed"
         assert trainer.strategy.root_device.type == "cuda"
-    else:
+    elif path.name in CONFIG_EFFECTS:
         assert CONFIG_EFFECTS[path.name](trainer)
 
 
-@pytest.fixture(scope="module")
-def fitted(default_fit):
+@pytest.mark.target
+def test_default_fit_reaches_the_target(default_fit):
     (run,) = run_dirs(default_fit)
     (best,) = (run / "checkpoints").glob("best-*.ckpt")
-    return run, best
-
-
-@pytest.mark.slow
-def test_default_fit_reaches_the_target(fitted):
-    run, best = fitted
     assert (run / "checkpoints" / "last.ckpt").exists()
     assert (run / "config.yaml").exists()
     logged = logged_scalars(run)
@@ -140,7 +175,8 @@ def test_default_fit_reaches_the_target(fitted):
     score = best_score(load_checkpoint(best))
     assert reached(score, TARGET, MODE), f"{MONITOR} {score:.4f}, target {TARGET} ({MODE})"
     assert score == pytest.approx(max(logged[MONITOR]) if MODE == "max" else min(logged[MONITOR]))
-    assert load_checkpoint(run / "checkpoints" / "last.ckpt")["epoch"] == 19
+    epochs = yaml.safe_load(PROJECT.defaults.read_text())["trainer"]["max_epochs"]
+    assert load_checkpoint(run / "checkpoints" / "last.ckpt")["epoch"] == epochs - 1
 
 
 @pytest.mark.slow
@@ -164,8 +200,8 @@ def test_validate_and_test_the_best_checkpoint_into_its_run(trained_checkpoint, 
 
 
 @pytest.mark.slow
-def test_predict_writes_a_row_per_sample_and_no_run(fitted, workdir):
-    _, best = fitted
+def test_predict_writes_a_row_per_sample_and_no_run(trained_checkpoint, workdir):
+    (best,) = trained_checkpoint.parent.glob("best-*.ckpt")
     main(["predict", "--ckpt_path", str(best), "--predictions.output=out/predictions.csv"])
     with open(workdir / "out" / "predictions.csv", newline="") as file:
         rows = list(csv.DictReader(file))
@@ -173,6 +209,21 @@ def test_predict_writes_a_row_per_sample_and_no_run(fitted, workdir):
     assert [int(row["index"]) for row in rows] == list(range(expected))
     assert list(rows[0])[0] == "index" and len(rows[0]) > 1
     assert not made_a_run(workdir)
+
+
+def test_no_deprecation_warning_of_lightning_reaches_the_console(workdir):
+    """Lightning's code warns under newer torch releases (LeafSpec): the kit keeps it,
+    and every other deprecation raised inside Lightning, off a user's console."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        main(["fit", "--trainer.fast_dev_run=true", "--trainer.logger=false"])
+    noise = [
+        f"{w.category.__name__}: {w.message} ({w.filename})"
+        for w in caught
+        if issubclass(w.category, DeprecationWarning | FutureWarning)
+        or any(re.search(pattern, str(w.message)) for pattern in LIBRARY_NOISE)
+    ]
+    assert noise == []
 
 
 def test_readme_commands_name_the_real_configs():

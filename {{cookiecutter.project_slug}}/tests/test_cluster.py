@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import (
+from instruments import read_records
+from support import (
     PROJECT_ROOT,
     SUBPROCESS_TIMEOUT,
     cli_env,
@@ -25,7 +26,6 @@ from conftest import (
     loader_length,
     run_dirs,
 )
-from instruments import read_records
 
 TORCHRUN = PROJECT_ROOT / "scripts" / "torchrun.sh"
 SBATCH = PROJECT_ROOT / "scripts" / "slurm.sbatch"

@@ -6,7 +6,7 @@ Kit test: it compiles whatever network the model `project.py` names holds.
 
 import pytest
 import torch
-from conftest import load_checkpoint, run_dirs, run_forked
+from support import PROJECT, load_checkpoint, run_dirs, run_forked
 
 from {{ cookiecutter.package_name }}.kit.export import load_network
 
@@ -27,7 +27,7 @@ def test_a_compiled_fit_saves_resumes_and_exports_like_an_eager_one(workdir):
     assert "Resuming from" in resumed.stderr
     assert load_checkpoint(last)["epoch"] == 1 and run_dirs(workdir) == [run]
     run_forked("export", f"--ckpt_path={last}", "--output=model.pt", cwd=workdir)
-    network = load_network(workdir / "model.pt")
+    network = load_network(workdir / "model.pt", PROJECT)
     weights = load_checkpoint(last)["state_dict"]
     for key, value in network.state_dict().items():
         assert any(torch.equal(value, v) for k, v in weights.items() if k.endswith("." + key))

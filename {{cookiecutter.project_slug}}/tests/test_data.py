@@ -6,9 +6,9 @@ Kit test: the last tests run whatever DataModule `project.py` names.
 
 import pytest
 import torch
-from conftest import configured, first_batch, same_values
 from host_syncs import CopiesToDevice
 from lightning.pytorch import Trainer
+from support import configured, first_batch, same_values
 from torch.utils.data import ConcatDataset, DataLoader, Dataset, DistributedSampler, TensorDataset
 
 from {{ cookiecutter.package_name }}.kit.data import (
@@ -171,6 +171,19 @@ def test_tensor_splits_are_sliced_a_batch_at_a_time(monkeypatch):
     original = Tensors().make_splits()["val"]
     assert same_values(sliced, list(DataLoader(original, batch_size=4)))
     assert datamodule.loader_settings.num_workers == 0  # in memory: nothing for workers to do
+
+
+@pytest.mark.parametrize("on_device", [None, True, False])
+def test_a_split_of_tensors_is_a_tensor_dataset_whatever_on_device_says(on_device):
+    """One documented type: `.tensors` works on every split, in the split's order."""
+    datamodule = Tensors(on_device=on_device)
+    datamodule.setup("fit")
+    original = Tensors().make_splits()
+    for name, split in datamodule.splits.items():
+        assert isinstance(split, TensorDataset), (name, type(split))
+        expected = torch.stack([original[name][i][0] for i in range(len(original[name]))])
+        assert torch.equal(split.tensors[0], expected)
+    assert isinstance(datamodule.splits["train"], TensorBatches) is (on_device is not False)
 
 
 def test_tensors_stay_where_they_are_without_cuda():

@@ -6,20 +6,21 @@ Kit test: it runs whatever model and data `project.py` names.
 
 import pytest
 import torch
-from conftest import (
+from instruments import read_records
+from support import (
     CONFIGS,
+    PROJECT,
     best_score,
     configured,
     load_checkpoint,
     loader_length,
     logged_scalars,
+    main,
     run_cli,
     run_dirs,
 )
-from instruments import read_records
 
-from {{ cookiecutter.package_name }}.kit.cli import main
-from {{ cookiecutter.package_name }}.project import MONITOR
+MONITOR = PROJECT.monitor
 
 
 @pytest.mark.slow

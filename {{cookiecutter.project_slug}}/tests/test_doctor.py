@@ -11,7 +11,7 @@ import sys
 
 import pytest
 import torch
-from conftest import SRC
+from support import SRC
 
 from {{ cookiecutter.package_name }}.kit import doctor
 

@@ -7,13 +7,12 @@ other test file is the kit's and runs whatever `project.py` names.
 
 import pytest
 import torch
-from conftest import CONFIGS, FakeClock, configured
 from lightning.pytorch import Trainer
 from optuna.trial import FixedTrial
+from support import CONFIGS, FakeClock, configured, main
 
 from {{ cookiecutter.package_name }}.data import DigitFiles, DigitsDataModule, write_digit_files
 from {{ cookiecutter.package_name }}.kit.callbacks import find_callback
-from {{ cookiecutter.package_name }}.kit.cli import main
 from {{ cookiecutter.package_name }}.kit.data import LoaderSettings
 from {{ cookiecutter.package_name }}.kit.health import TrainingHealth
 from {{ cookiecutter.package_name }}.kit.sweep import as_flags, read_space, suggest
@@ -158,12 +157,11 @@ other test file is the kit's and runs whatever `project.py` names.
 """
 
 import torch
-from conftest import CONFIGS, configured
 from optuna.trial import FixedTrial
+from support import CONFIGS, configured, main
 
 from {{ cookiecutter.package_name }}.data import SyntheticRegressionDataModule
 from {{ cookiecutter.package_name }}.kit.callbacks import find_callback
-from {{ cookiecutter.package_name }}.kit.cli import main
 from {{ cookiecutter.package_name }}.kit.health import TrainingHealth
 from {{ cookiecutter.package_name }}.kit.sweep import as_flags, read_space, suggest
 from {{ cookiecutter.package_name }}.model import MLP, Regressor

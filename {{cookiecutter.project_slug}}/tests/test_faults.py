@@ -13,18 +13,20 @@ import signal
 
 import pytest
 import torch
-from conftest import (
+from instruments import optimizer_fingerprint, parameter_fingerprint, read_records
+from support import (
+    PROJECT,
     best_score,
     failure,
     fork_cli,
     load_checkpoint,
+    main,
     reached,
     run_cli,
     run_dirs,
     run_forked,
     wait_for,
 )
-from instruments import optimizer_fingerprint, parameter_fingerprint, read_records
 
 from {{ cookiecutter.package_name }}.__main__ import main as command
 from {{ cookiecutter.package_name }}.kit.checkpoints import (
@@ -32,8 +34,10 @@ from {{ cookiecutter.package_name }}.kit.checkpoints import (
     check_checkpoint,
     resume_candidates,
 )
-from {{ cookiecutter.package_name }}.kit.cli import main
-from {{ cookiecutter.package_name }}.project import MODE, MONITOR, TARGET
+from {{ cookiecutter.package_name }}.project import TARGET
+
+MODE = PROJECT.mode
+MONITOR = PROJECT.monitor
 
 INSTRUMENTS = "--trainer.callbacks+=instruments.Instruments"
 
@@ -231,6 +235,7 @@ def resume_point(run) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.target  # it compares with the full default fit
 def test_chaos_ten_sigkills_at_random_moments_then_the_run_finishes_as_usual(workdir, default_fit):
     """SIGKILL at 10 seeded moments (mid-step or mid-save), `fit --ckpt_path last` after each:
     the run ends at the same epoch as an uninterrupted one, as good, in one directory."""

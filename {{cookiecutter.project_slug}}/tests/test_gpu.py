@@ -12,10 +12,10 @@ import pytest
 import torch
 from host_syncs import CopiesToDevice
 from lightning.pytorch import Callback
+from support import main
 from torch.utils._pytree import tree_flatten
 
 from {{ cookiecutter.package_name }}.kit.callbacks import find_callback
-from {{ cookiecutter.package_name }}.kit.cli import main
 from {{ cookiecutter.package_name }}.kit.console import logs_this_step
 from {{ cookiecutter.package_name }}.kit.data import SlicedLoader
 from {{ cookiecutter.package_name }}.kit.health import TrainingHealth

@@ -6,6 +6,7 @@ Kit test.
 import pytest
 import torch
 import yaml
+from support import main
 
 from {{ cookiecutter.package_name }}.kit import cli, hardware
 
@@ -52,7 +53,7 @@ def test_cuda_capabilities_from_faked_devices(monkeypatch, capabilities, expecte
 
 def print_config(capsys, *args: str) -> dict:
     with pytest.raises(SystemExit):
-        cli.main(["fit", *args, "--print_config"])
+        main(["fit", *args, "--print_config"])
     return yaml.safe_load(capsys.readouterr().out)["trainer"]
 
 

@@ -9,13 +9,12 @@ import warnings
 
 import pytest
 import torch
-from conftest import FakeClock
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import Logger
+from support import FakeClock, main
 from torch.utils.data import DataLoader, Dataset
 
 from {{ cookiecutter.package_name }}.kit.callbacks import find_callback
-from {{ cookiecutter.package_name }}.kit.cli import main
 from {{ cookiecutter.package_name }}.kit.console import TrainLoss
 from {{ cookiecutter.package_name }}.kit.health import (
     TrainingHealth,

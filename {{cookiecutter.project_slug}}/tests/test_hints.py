@@ -8,12 +8,14 @@ import socket
 
 import pytest
 import torch
-from conftest import PROJECT_ROOT, configured, first_batch, run_cli
+from support import PROJECT, PROJECT_ROOT, configured, first_batch, run_cli
 from test_model import loss_of, training_step_on_meta
 
 from {{ cookiecutter.package_name }}.__main__ import main as command
 from {{ cookiecutter.package_name }}.kit.hints import HINTS, explain, find_hint, markdown_table
-from {{ cookiecutter.package_name }}.project import Model
+
+Model = PROJECT.model
+COMMAND = "{{ cookiecutter.project_slug }}"  # as the README names the command
 
 # Each guide error as torch, CUDA or Lightning words it, and the hint it must get.
 REAL_MESSAGES = [
@@ -65,11 +67,12 @@ def test_readme_table_is_the_hint_table():
     readme = (PROJECT_ROOT / "README.md").read_text(encoding="utf-8")
     section = re.search(r"<!-- hints:start -->\n(.*?)\n<!-- hints:end -->", readme, re.DOTALL)
     assert section, "README.md lost its troubleshooting table markers"
-    assert section.group(1) == markdown_table(), (
+    table = markdown_table(COMMAND)
+    assert section.group(1) == table, (
         "README.md's troubleshooting table differs from hints.HINTS; regenerate it with "
-        "`python -m {{ cookiecutter.package_name }}.kit.hints`"
+        f"`python -m {{ cookiecutter.package_name }}.kit.hints {COMMAND}`"
     )
-    assert len(markdown_table().splitlines()) == len(HINTS) + 2
+    assert len(table.splitlines()) == len(HINTS) + 2
 
 
 def fail_in_training_step(monkeypatch, error_factory):

@@ -9,8 +9,8 @@ import warnings
 
 import pytest
 import torch
-from conftest import SRC, configured, first_batch
 from lightning.fabric.utilities.apply_func import move_data_to_device
+from support import SRC, configured, first_batch
 from torch import nn
 
 

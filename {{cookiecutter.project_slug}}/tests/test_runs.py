@@ -10,20 +10,23 @@ import shutil
 
 import instruments
 import pytest
-from conftest import (
+from lightning.pytorch import Trainer
+from support import (
     PACKAGE,
+    PROJECT,
     SUBPROCESS_TIMEOUT,
     folder_of,
     fork_cli,
     forkserver,
     logged_scalars,
+    main,
     run_dirs,
 )
-from lightning.pytorch import Trainer
 
 from {{ cookiecutter.package_name }}.__main__ import main as command
-from {{ cookiecutter.package_name }}.kit.cli import main
-from {{ cookiecutter.package_name }}.project import MONITOR, Model
+
+MONITOR = PROJECT.monitor
+Model = PROJECT.model
 
 
 def test_a_run_that_fails_before_its_first_step_leaves_no_run_directory(

@@ -2,13 +2,15 @@
 the monitored metric, that survives a kill and shares its storage between workers.
 
 Kit test: it runs whatever model and data `project.py` names. The studies here
-search flags every project has (the seed, the Trainer's share of training
+search flags every project has (the seed, the Trainer's number of training
 batches and its epochs), read the metric and its direction from project.py,
-and train one to three short epochs a trial.
+and train one to three short epochs a trial: any model, even one whose epoch
+is a single batch.
 """
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -17,21 +19,24 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
-from conftest import (
+from optuna.trial import FixedTrial, TrialState
+from support import (
+    PROJECT,
     SRC,
     best_score,
+    configured,
     fork_cli,
     load_checkpoint,
+    loader_length,
+    main,
     run_forked,
     shared,
     wait_for,
 )
-from optuna.trial import FixedTrial, TrialState
 
 from {{ cookiecutter.package_name }}.__main__ import main as command
-from {{ cookiecutter.package_name }}.kit.cli import main
+from {{ cookiecutter.package_name }}.kit import sweep as sweep_module
 from {{ cookiecutter.package_name }}.kit.sweep import (
-    STALE_AFTER_S,
     Sweep,
     SweepError,
     as_flags,
@@ -40,12 +45,14 @@ from {{ cookiecutter.package_name }}.kit.sweep import (
     read_space,
     suggest,
 )
-from {{ cookiecutter.package_name }}.project import MODE
 
-# Flags of every project: which batches, how many, in what order.
+MODE = PROJECT.mode
+
+# Flags of every project: which batches, how many, in what order. A count of batches, not a
+# share of the epoch: Lightning takes all of an epoch shorter than that, even one batch.
 SPACE = {
     "seed_everything": {"type": "int", "low": 0, "high": 1000},
-    "trainer.limit_train_batches": {"type": "float", "low": 0.1, "high": 0.2, "log": True},
+    "trainer.limit_train_batches": {"type": "int", "low": 1, "high": 2},
 }
 # A few batches a trial: the sweep is under test here, not the model.
 FEW_BATCHES = ["--trainer.limit_val_batches=2", "--trainer.num_sanity_val_steps=0"]
@@ -152,24 +159,42 @@ def test_sweep_is_listed_and_its_help_needs_no_lightning(capsys):
 
 
 @pytest.mark.parametrize("storage", [[], ["--storage=journal.log"]], ids=["sqlite", "journal"])
-def test_a_silent_trial_of_another_machine_is_failed_and_queued_again(workdir, storage):
-    """A trial whose worker wrote its heartbeat lately is left alone; one not heard from
-    for STALE_AFTER_S is marked FAIL, and its flags wait for the next worker."""
+def test_dead_trials_are_failed_and_queued_again(workdir, storage, monkeypatch, capsys):
+    """Optuna's heartbeat: a trial that beat lately is left alone, one silent for longer
+    than the grace period is marked FAIL; so is at once one of this machine whose process
+    is gone. The flags of both wait for the next worker, with their runs."""
+    monkeypatch.setattr(sweep_module, "GRACE_S", 1)
     options, fit_args = parse([f"--space={write_space(workdir, SPACE)}", *storage])
-    sweep = Sweep(options, fit_args)
-    study, _ = sweep.open_study()
-    now = time.time() + STALE_AFTER_S + 60  # some minutes from now
-    for name, heard in (("live", now - 10), ("silent", now - STALE_AFTER_S - 10)):
-        trial = study.ask()
+    sweep = Sweep(options, fit_args, PROJECT)
+    study, storage = sweep.open_study()
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    trials = {}
+    for name in ("live", "silent", "gone"):
+        with pytest.warns(UserWarning, match="supposed to be used with Study.optimize"):
+            trial = trials[name] = study.ask()
         trial.suggest_int("seed_everything", 0, 1000)
-        trial.set_user_attr("host", f"{name}-machine")
-        trial.set_user_attr("alive_at", heard)
         trial.set_user_attr("run", f"sweeps/{name}")
-    sweep.fail_dead_trials(study, now=now)
-    live, silent, again = study.get_trials()
-    assert (live.state, silent.state, again.state) == (RUNNING, FAIL, TrialState.WAITING)
-    assert again.params == silent.params and again.user_attrs["retry_of"] == silent.number
-    assert again.user_attrs["run"] == "sweeps/silent"
+        storage.record_heartbeat(trial._trial_id)
+    owners = {"silent": ("another-machine", 1), "gone": (socket.gethostname(), ended.pid)}
+    for name, (host, pid) in owners.items():
+        owner = {"host": host, "pid": pid, "start": None, "trial": trials[name].number}
+        trials[name].set_user_attr("process", owner)
+    time.sleep(2.5)
+    for name in ("live", "gone"):
+        storage.record_heartbeat(trials[name]._trial_id)
+    assert sweep.wants_more(study)
+    live, silent, gone, *again = study.get_trials()
+    assert (live.state, silent.state, gone.state) == (RUNNING, FAIL, FAIL)
+    assert [t.state for t in again] == [TrialState.WAITING] * 2
+    retries = {tuple(t.system_attrs["retry_history"]): t for t in again}
+    for failed in (silent, gone):
+        retry = retries[(failed.number,)]
+        assert retry.params == failed.params
+        assert retry.user_attrs["run"] == failed.user_attrs["run"]
+    printed = capsys.readouterr().out
+    assert f"trial {gone.number} marked FAIL: its process ({ended.pid}) ended" in printed
+    assert f"trial {silent.number} marked FAIL: its worker on another-machine" in printed
 
 
 # A bar no model clears: each trial still running after its warm-up validation is pruned.
@@ -251,9 +276,9 @@ def test_the_best_config_trains_to_the_best_score_again(short_sweep, workdir):
 @pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
 def test_a_stopped_sweep_continues_its_study(workdir, stop):
     """Stopped in its second trial, one epoch in: the same command keeps the first trial,
-    marks the second FAIL and runs its flags again, continuing its run."""
+    marks the second FAIL and runs its flags again, continuing its run to its last epoch."""
     space = write_space(workdir, SPACE)
-    args = ("sweep", f"--space={space}", "--trials=2", "--", "--trainer.max_epochs=2", *FEW_BATCHES)
+    args = ("sweep", f"--space={space}", "--trials=2", "--", "--trainer.max_epochs=3", *FEW_BATCHES)
     args += (INSTRUMENTS,)
     marker = workdir / "paused"
     pause = {"INSTRUMENTS_PAUSE_EPOCH": "1", "INSTRUMENTS_PAUSE_FIT": "1"}
@@ -273,11 +298,14 @@ def test_a_stopped_sweep_continues_its_study(workdir, stop):
     kept, stopped, again = study_in(workdir).get_trials()
     assert (kept.state, stopped.state, again.state) == (COMPLETE, FAIL, COMPLETE)
     assert (kept.value, kept.datetime_complete) == (before[0].value, before[0].datetime_complete)
-    assert again.params == stopped.params and again.user_attrs["retry_of"] == stopped.number
+    assert again.params == stopped.params and again.system_attrs["retry_history"] == [1]
     run = stopped.user_attrs["run"]
     assert again.user_attrs["run"] == run
     assert f"Resuming from {run}/checkpoints/{resumed_from}" in second.stderr
-    assert sorted(again.intermediate_values) == [0, 1]  # its first epoch's, and its second's
+    # Its first epoch's value, from the stopped trial; then its own, up to its last epoch
+    # (a stop after the last batch of an epoch leaves that epoch without a validation).
+    assert again.intermediate_values[0] == stopped.intermediate_values[0]
+    assert max(again.intermediate_values) == 2
     if stop == signal.SIGKILL:
         assert "trial 1 marked FAIL: its process" in second.stdout
 
@@ -301,8 +329,31 @@ def test_two_workers_share_one_sqlite_study(workdir):
     trials = study_in(workdir).get_trials()
     assert len(trials) >= 4 and all(t.state == COMPLETE for t in trials), trials
     assert {t.user_attrs["worker"] for t in trials} == {0, 1}
-    assert len({t.user_attrs["pid"] for t in trials}) == 2
+    assert len({t.user_attrs["process"]["pid"] for t in trials}) == 2
     runs = [t.user_attrs["run"] for t in trials]
     assert len(set(runs)) == len(trials)
     assert all((workdir / run / "config.yaml").is_file() for run in runs)
     assert all(len(t.intermediate_values) == 1 for t in trials)  # MONITOR, reported once
+
+
+@pytest.mark.slow
+def test_a_sweep_trains_a_model_whose_epoch_is_one_batch(workdir):
+    """The tests' space holds for any model: with a batch as large as the training split,
+    every epoch is one batch, and a two-trial sweep completes."""
+    samples = loader_length(configured(), "train")
+    run_forked(
+        "sweep",
+        f"--space={write_space(workdir, SPACE)}",
+        "--trials=2",
+        "--pruner=none",
+        "--",
+        "--trainer.max_epochs=2",
+        f"--data.batch_size={samples}",
+        *FEW_BATCHES,
+        cwd=workdir,
+    )
+    trials = study_in(workdir).get_trials()
+    assert [t.state for t in trials] == [COMPLETE, COMPLETE]
+    for trial in trials:  # two epochs, one step each
+        last = load_checkpoint(workdir / trial.user_attrs["run"] / "checkpoints" / "last.ckpt")
+        assert (last["epoch"], last["global_step"]) == (1, 2)

@@ -9,8 +9,7 @@ too, by name and line: on a GPU it would stall every step.
 
 import pytest
 from host_syncs import SyncCounter
-
-from {{ cookiecutter.package_name }}.kit.cli import main
+from support import PROJECT, main
 
 # Two short epochs, logging every third step: steps that log, steps that do not,
 # and an epoch's start (where in-memory data copies its new order once).
@@ -61,8 +60,7 @@ def test_nor_when_compiled(workdir):
 
 def test_the_counter_sees_a_sync_in_a_step(workdir, monkeypatch):
     """The test above would fail on the classic mistake: a value read in every step."""
-    from {{ cookiecutter.package_name }}.project import Model
-
+    Model = PROJECT.model  # noqa: N806  (a class)
     step = Model.training_step
 
     def reads_the_loss(self, batch, batch_idx):

@@ -20,16 +20,17 @@ class BagOfEmbeddings(nn.Module):
         return self.head(mean)
 
 
+def network_inputs(batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the classifier takes from a batch, for `export` to .pt2 and .onnx."""
+    return batch["tokens"], batch["mask"]
+
+
 class TopicClassifier(LightningModule):
     def __init__(self, dim: int = 32, lr: float = 0.01):
         super().__init__()
         self.save_hyperparameters()
         self.classifier = BagOfEmbeddings(len(VOCABULARY), dim, 2)
         self.val_acc = MulticlassAccuracy(2, average="micro")
-
-    def network_inputs(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """What the classifier takes from a batch, for `export` to .pt2 and .onnx."""
-        return batch["tokens"], batch["mask"]
 
     def step(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         logits = self.classifier(batch["tokens"], batch["mask"])

@@ -11,6 +11,12 @@ from torch import nn
 from my_lightning_project.data import VOCABULARY
 
 
+def network_inputs(batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """The demo network takes the target too (teacher forcing), for `export`."""
+    inputs, target = batch
+    return inputs, target
+
+
 class CountingTransformer(LightningTransformer):
     def __init__(self, vocab_size: int = VOCABULARY):
         super().__init__(vocab_size=vocab_size)
@@ -29,11 +35,6 @@ class CountingTransformer(LightningTransformer):
         target = net.pos_encoder(net.embedding(target) * math.sqrt(net.ninp))
         output = net.transformer(source, target, tgt_mask=mask, tgt_is_causal=True)
         return nn.functional.log_softmax(net.decoder(output), dim=-1).view(-1, net.vocab_size)
-
-    def network_inputs(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """The demo network takes the target too (teacher forcing), for `export`."""
-        inputs, target = batch
-        return inputs, target
 
     def validation_step(self, batch, batch_idx: int) -> None:
         inputs, target = batch

@@ -1,9 +1,10 @@
-"""The `{{ cookiecutter.project_slug }}` command, also `python -m {{ cookiecutter.package_name }}`.
+"""The project's command (`pyproject.toml` names it), also `python -m <package>`.
 
-`doctor` is dispatched before Lightning is imported, so it works (and is fast)
-even when Lightning's install is broken; `export` and `sweep` have their own
-small parsers (`sweep --help` answers before Lightning is imported); fit,
-validate, test and predict are the Lightning CLI.
+It hands the kit the project that project.py describes. `doctor` is dispatched
+before Lightning or your code is imported, so it works (and is fast) even when
+an install is broken; `export` and `sweep` have their own small parsers
+(`sweep --help` answers before Lightning is imported); fit, validate, test and
+predict are the Lightning CLI.
 """
 
 import difflib
@@ -20,12 +21,26 @@ COMMANDS = {
 }
 
 
+def project():
+    """The project, as this package's command runs it."""
+    from .project import PROJECT
+
+    return PROJECT.bound(__package__)
+
+
+def command() -> str:
+    """The console command, without importing the project (or Lightning)."""
+    from .kit.spec import command_of
+
+    return command_of(__package__)
+
+
 def usage() -> str:
     width = max(map(len, COMMANDS))
     lines = [f"  {name.ljust(width)}  {text}" for name, text in COMMANDS.items()]
     return "\n".join(
         [
-            "usage: {{ cookiecutter.project_slug }} <command> [flags]   (<command> --help for its flags)",
+            f"usage: {command()} <command> [flags]   (<command> --help for its flags)",
             "",
             "commands:",
             *lines,
@@ -41,25 +56,29 @@ def main(argv: list[str] | None = None) -> int:
         print(usage(), file=sys.stdout if first else sys.stderr)
         return 0 if first else 2
     if first == "doctor":
-        from {{ cookiecutter.package_name }}.kit.doctor import main as doctor
+        from .kit.doctor import main as doctor
 
-        return doctor(words[1:])
+        return doctor(words[1:], command=f"{command()} doctor")
+    if first == "sweep" and any(word in ("-h", "--help") for word in words[1:]):
+        from .kit.sweep import parser
+
+        parser(command()).parse_known_args(words[1:])  # prints the help and exits
     if first == "export":
-        from {{ cookiecutter.package_name }}.kit.export import main as export
+        from .kit.export import main as export
 
-        return export(words[1:])
+        return export(words[1:], project())
     if first == "sweep":
-        from {{ cookiecutter.package_name }}.kit.sweep import main as sweep
+        from .kit.sweep import main as sweep
 
-        return sweep(words[1:])
+        return sweep(words[1:], project())
     if first not in COMMANDS and not first.startswith("-"):
         close = difflib.get_close_matches(first, COMMANDS, n=1)
         guess = f" (did you mean '{close[0]}'?)" if close else ""
         print(f"error: unknown command '{first}'{guess}\n\n{usage()}", file=sys.stderr)
         return 2
-    from {{ cookiecutter.package_name }}.kit.cli import run
+    from .kit.cli import run
 
-    return run(argv)
+    return run(argv, project())
 
 
 def console_main() -> None:

@@ -1,29 +1,36 @@
 """What this project trains: the one place that names the model, the data and the metric.
 
-The CLI, the checkpoints, `export` and the kit's tests all read these names.
-To train your own model, point `Model` and `DataModule` at your classes and
-`MONITOR` at a metric your `validation_step` logs (README, "Make it yours").
+The kit reads everything it needs of your code from `PROJECT` (kit/spec.py
+lists each field, with its default). To train your own model, point `model`
+and `datamodule` at your classes and `monitor` at a metric your
+`validation_step` logs (README, "Make it yours").
 """
 
 {% if cookiecutter.example == "digits" -%}
-from {{ cookiecutter.package_name }}.data import DigitsDataModule as DataModule
-from {{ cookiecutter.package_name }}.model import DigitsClassifier as Model
+from .data import DigitsDataModule
+from .kit.spec import Project
+from .model import DigitsClassifier
 
-# The metric that picks the best checkpoint, which way is better, and what the
-# default `fit` must reach (tests/test_cli.py holds every render to it).
-MONITOR = "val/acc"
-MODE = "max"
+PROJECT = Project(
+    model=DigitsClassifier,
+    datamodule=DigitsDataModule,
+    monitor="val/acc",  # the metric that picks the best checkpoint
+    mode="max",  # which way is better
+)
+# What the default `fit` reaches (`pytest -m target` holds it to that).
 TARGET = 0.97
 {%- else -%}
-from {{ cookiecutter.package_name }}.data import SyntheticRegressionDataModule as DataModule
-from {{ cookiecutter.package_name }}.model import Regressor as Model
+from .data import SyntheticRegressionDataModule
+from .kit.spec import Project
+from .model import Regressor
 
-# The metric that picks the best checkpoint, which way is better, and what the
-# default `fit` must reach (tests/test_cli.py holds every render to it; the
-# noise floor of the data is 0.1**2 = 0.01).
-MONITOR = "val/loss"
-MODE = "min"
+PROJECT = Project(
+    model=Regressor,
+    datamodule=SyntheticRegressionDataModule,
+    monitor="val/loss",  # the metric that picks the best checkpoint
+    mode="min",  # which way is better
+)
+# What the default `fit` reaches (`pytest -m target` holds it to that; the noise
+# floor of the data is 0.1**2 = 0.01).
 TARGET = 0.03
 {%- endif %}
-
-__all__ = ["MODE", "MONITOR", "TARGET", "DataModule", "Model"]

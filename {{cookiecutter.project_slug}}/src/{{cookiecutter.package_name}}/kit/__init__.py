@@ -1,17 +1,27 @@
 """The training kit: everything around your model and data that makes a run fast,
-observable and safe. It works with any LightningModule and LightningDataModule
-that `{{ cookiecutter.package_name }}.project` names; you should rarely need to edit it.
+observable and safe. It is the same text in every project made from the template,
+imports nothing of yours, and works with any LightningModule and
+LightningDataModule that the `Project` passed in names (spec.py); you should
+rarely need to edit it.
 
-    cli          the Lightning CLI with this project's callbacks and defaults
-    callbacks    the environment report and the context the error hints quote
+    spec         Project: everything the kit may ask of your code, each with its default
+    cli          the Lightning CLI with the kit's callbacks and the project's defaults
+    callbacks    the environment report, the context the error hints quote, the kit's
+                 callbacks as one
+    console      train/loss once a logging window, the progress bar, the model summary
     checkpoints  best and last, `--ckpt_path last`, interrupted.ckpt, the file check
+    runs         one run directory per run, continued on resume
     data         loader settings from the machine, a DataModule built from splits
-    doctor       `doctor`: is this machine ready to train (never imports Lightning)
-    export       `export`: the trained network, loadable without the checkpoint
+    health       throughput, data wait, FLOPs and MFU, memory at the end of fit
+    peaks        the peak FLOP/s of current GPUs
     hardware     precision and matmul kernels from the accelerator the run uses
-    health       throughput, data wait and memory at the end of fit
     hints        what the classic errors mean, printed after a traceback
     predict      `predict` writes any predict_step output as CSV rows
+    export       `export`: the trained network, loadable without the checkpoint
     sweep        `sweep`: an Optuna study over fit's flags, its storage and workers
     trial        one trial of a sweep: a fit with its flags, pruned on the metric
+    stopping     what a sweep and its trials share: their errors, the stop signal
+    doctor       `doctor`: is this machine ready to train (never imports Lightning)
+    machine      the torch build and the GPUs, for the doctor and the report
+    internals    every private name of Lightning and jsonargparse the kit uses
 """

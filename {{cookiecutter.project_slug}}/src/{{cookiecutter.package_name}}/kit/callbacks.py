@@ -20,8 +20,8 @@ from lightning.pytorch.profilers import PassThroughProfiler
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
-from {{ cookiecutter.package_name }}.kit.doctor import build_name, cuda_devices
-from {{ cookiecutter.package_name }}.kit.hints import RUN_CONTEXT
+from .hints import RUN_CONTEXT
+from .machine import build_name, cuda_devices
 
 
 def torch_build() -> str:

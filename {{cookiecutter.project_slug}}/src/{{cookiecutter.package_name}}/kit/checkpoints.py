@@ -29,11 +29,18 @@ from weakref import proxy
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from {{ cookiecutter.package_name }}.kit.runs import continue_run, is_first_process, run_candidates
+from .internals import (
+    last_saved,
+    monitor_candidates,
+    note_saved,
+    saves_at_train_epoch_end,
+    skips_saving,
+)
+from .runs import continue_run, is_first_process, run_candidates
 
 RESUMABLE = ("last.ckpt", "interrupted.ckpt")
 PARTIAL = ".partial"  # the suffix of a checkpoint being written
@@ -302,8 +309,8 @@ class BestAndLast(ModelCheckpoint):
             self._last_before = None
 
     def _save_checkpoint(self, trainer: Trainer, filepath: str) -> None:
-        source = self._last_checkpoint_saved
-        same_step = self._last_global_step_saved == trainer.global_step
+        source, step = last_saved(self)
+        same_step = step == trainer.global_step
         # The best file records `last_model_path` as it was before this save:
         # the same state only if `last` keeps its path (not on the first save).
         same_path = self._last_before == filepath
@@ -313,7 +320,7 @@ class BestAndLast(ModelCheckpoint):
             copied = atomic_copy(source, filepath) if trainer.is_global_zero else True
             if trainer.strategy.broadcast(copied):
                 trainer.strategy.barrier("BestAndLast.copy")
-                self._last_checkpoint_saved = filepath
+                note_saved(self, filepath)
                 if trainer.is_global_zero:
                     for logger in trainer.loggers:
                         logger.after_save_checkpoint(proxy(self))
@@ -331,17 +338,17 @@ class BestAndLast(ModelCheckpoint):
         super().load_state_dict(state_dict)
 
     def _save_last_regardless(self, trainer: Trainer) -> None:
-        if self.save_last and not self._should_skip_saving_checkpoint(trainer):
-            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+        if self.save_last and not skips_saving(self, trainer):
+            self._save_last_checkpoint(trainer, monitor_candidates(self, trainer))
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         super().on_train_epoch_end(trainer, pl_module)
-        if self._should_save_on_train_epoch_end(trainer):
+        if saves_at_train_epoch_end(self, trainer):
             self._save_last_regardless(trainer)
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         super().on_validation_end(trainer, pl_module)
-        if not self._should_save_on_train_epoch_end(trainer):
+        if not saves_at_train_epoch_end(self, trainer):
             self._save_last_regardless(trainer)
 
 
@@ -360,39 +367,47 @@ def _moved(state_dict: dict[str, Any], old: str, new: str) -> dict[str, Any]:
     return moved
 
 
-class InterruptCheckpoint(Callback):
-    """Writes `interrupted.ckpt` beside the other checkpoints when the run is stopped.
+class InterruptCheckpoint(OnExceptionCheckpoint):
+    """Lightning's OnExceptionCheckpoint as `interrupted.ckpt` beside the other
+    checkpoints, written when the run is stopped; removed when a fit ends normally.
 
-    Only for SIGTERM (what SLURM, Kubernetes and other schedulers send before
-    they kill a job) and Ctrl-C: every rank receives those, so all ranks save
-    together. A crash on one rank does not save: the other ranks are elsewhere
-    and a collective save would wait for them forever. Removed again when a
-    run finishes normally.
+    Kept narrower than Lightning's, which saves on any exception into a folder
+    fixed when it is built: only SIGTERM (what SLURM, Kubernetes and other
+    schedulers send before they kill a job) and Ctrl-C, which every rank
+    receives, so all ranks save together (after a crash on one rank, a
+    collective save would wait for the others forever); into the run's own
+    checkpoint folder, known only once the run started; and only once a step
+    was taken, so that there is something to resume.
     """
 
     FILENAME = "interrupted.ckpt"
 
-    def _path(self, trainer: Trainer) -> Path | None:
-        callback = trainer.checkpoint_callback
-        dirpath = getattr(callback, "dirpath", None)
-        return Path(dirpath) / self.FILENAME if dirpath else None
+    def __init__(self) -> None:
+        super().__init__(dirpath=".", filename=Path(self.FILENAME).stem)
+
+    def _run_folder(self, trainer: Trainer) -> str | None:
+        return getattr(trainer.checkpoint_callback, "dirpath", None)
 
     def on_exception(
         self, trainer: Trainer, pl_module: LightningModule, exception: BaseException
     ) -> None:
-        path = self._path(trainer)
-        if path is None or not isinstance(exception, (SIGTERMException, KeyboardInterrupt)):
+        folder = self._run_folder(trainer)
+        if folder is None or not isinstance(exception, (SIGTERMException, KeyboardInterrupt)):
             return
         if trainer.global_step == 0:  # not a step taken: nothing to resume
             return
-        # The full training state, to resume from (weights_only is for loading).
-        trainer.save_checkpoint(path, weights_only=False)
-        rank_zero_info(f"Stopped: saved {path}; continue with `fit --ckpt_path last`")
+        self.dirpath = folder
+        # Lightning's own call, saying what it saves (it warns when weights_only is unset):
+        # the full training state, to resume from.
+        trainer.save_checkpoint(self.ckpt_path, weights_only=False)
+        rank_zero_info(f"Stopped: saved {self.ckpt_path}; continue with `fit --ckpt_path last`")
 
-    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        path = self._path(trainer)
-        if trainer.is_global_zero and path is not None and path.exists():
-            path.unlink()
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        # Called when a fit ended normally (not after an exception): nothing to resume.
+        folder = self._run_folder(trainer)
+        if stage == "fit" and folder is not None:
+            self.dirpath = folder
+            super().teardown(trainer, pl_module, stage)
 
 
 class ResumeCheck(Callback):

@@ -1,17 +1,18 @@
-"""The command line: Lightning's own CLI, with this project's callbacks and defaults.
+"""The command line: Lightning's own CLI, with the kit's callbacks and the project's defaults.
 
-    {{ cookiecutter.project_slug }} fit                       # train what project.py names
-    {{ cookiecutter.project_slug }} fit --config configs/gpu.yaml --trainer.max_epochs 5
-    {{ cookiecutter.project_slug }} fit --print_config        # the full, resolved config
-    {{ cookiecutter.project_slug }} fit --ckpt_path last      # continue the newest run
-    {{ cookiecutter.project_slug }} validate|test|predict --ckpt_path <file>
+    <command> fit                       # train what project.py names
+    <command> fit --config configs/gpu.yaml --trainer.max_epochs 5
+    <command> fit --print_config        # the full, resolved config
+    <command> fit --ckpt_path last      # continue the newest run
+    <command> validate|test|predict --ckpt_path <file>
 
-`main(["fit", ...])` runs the same thing in-process, for tests and scripts;
-`run` is the command line's wrapper around it (error hints, exit code).
+`main(["fit", ...], project)` runs the same thing in-process, for tests and
+scripts; `run` is the command line's wrapper around it (error hints, exit code).
+The defaults are the project's config file (`Project.defaults`,
+configs/default.yaml), read before any other.
 """
 
 import os
-import re
 import sys
 import traceback
 import warnings
@@ -34,14 +35,14 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from {{ cookiecutter.package_name }}.kit.callbacks import (
+from .callbacks import (
     EnvironmentReport,
     FailureContext,
     KitCallbacks,
     NoProfiler,
     find_callback,
 )
-from {{ cookiecutter.package_name }}.kit.checkpoints import (
+from .checkpoints import (
     AtomicCheckpointIO,
     BestAndLast,
     CheckpointError,
@@ -52,8 +53,8 @@ from {{ cookiecutter.package_name }}.kit.checkpoints import (
     resolve_last,
     state_dict_mismatch,
 )
-from {{ cookiecutter.package_name }}.kit.console import Summary, TQDMBar, TrainLoss
-from {{ cookiecutter.package_name }}.kit.hardware import (
+from .console import Summary, TQDMBar, TrainLoss
+from .hardware import (
     CompileNetwork,
     cuda_capabilities,
     mps_available,
@@ -61,10 +62,11 @@ from {{ cookiecutter.package_name }}.kit.hardware import (
     run_accelerator,
     use_tensor_cores,
 )
-from {{ cookiecutter.package_name }}.kit.health import TrainingHealth
-from {{ cookiecutter.package_name }}.kit.hints import RUN_CONTEXT, explain
-from {{ cookiecutter.package_name }}.kit.predict import PredictionWriter
-from {{ cookiecutter.package_name }}.kit.runs import (
+from .health import TrainingHealth
+from .hints import RUN_CONTEXT, explain
+from .internals import wrong_type
+from .predict import PredictionWriter
+from .runs import (
     DiscardFailedStart,
     FinishRun,
     claim_new_run,
@@ -75,50 +77,54 @@ from {{ cookiecutter.package_name }}.kit.runs import (
     run_directory,
     run_of_checkpoint,
 )
-from {{ cookiecutter.package_name }}.project import MODE, MONITOR, DataModule, Model
+from .spec import Project
 
-TRAINER_DEFAULTS = {
-    "max_epochs": 20,
-    # A few dozen steps an epoch here: log often enough to see a curve.
-    "log_every_n_steps": 10,
-{%- if cookiecutter.logger == "tensorboard" %}
-    # Every run in its own logs/version_N/ (config, metrics, checkpoints).
-    "logger": {
-        "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
-        "init_args": {"save_dir": ".", "name": "logs", "default_hp_metric": False},
-    },
-{%- elif cookiecutter.logger == "csv" %}
-    # Every run in its own logs/version_N/ (config, metrics.csv, checkpoints).
-    "logger": {
-        "class_path": "{{ cookiecutter.package_name }}.kit.runs.CSVLogger",
-        "init_args": {"save_dir": ".", "name": "logs"},
-    },
-{%- elif cookiecutter.logger == "mlflow" %}
-    # A local MLflow file store under mlruns/: no server, works offline.
-    "logger": {
-        "class_path": "lightning.pytorch.loggers.MLFlowLogger",
-        "init_args": {"experiment_name": "{{ cookiecutter.project_slug }}", "save_dir": "mlruns"},
-    },
-{%- else %}
-    # Weights & Biases: each run's config and checkpoints in logs/<project>/<run id>/,
-    # its record in logs/wandb/ (`wandb sync` uploads it).
-    "logger": {
-        "class_path": "lightning.pytorch.loggers.WandbLogger",
-        "init_args": {"project": "{{ cookiecutter.project_slug }}", "save_dir": "logs"},
-    },
-{%- endif %}
+# What each logger needs from the environment before it starts (a variable the
+# user set wins): MLflow 3 refuses its local file store unless asked (a folder
+# needs no database or server; --trainer.logger.init_args.tracking_uri names one);
+# W&B runs offline, needing no account or network (`wandb sync logs/wandb/offline-run-*`
+# uploads a run later; WANDB_MODE=online after `wandb login` sends it as it runs).
+LOGGER_ENVIRONMENT = {
+    "MLFlowLogger": {"MLFLOW_ALLOW_FILE_STORE": "true"},
+    "WandbLogger": {"WANDB_MODE": "offline"},
 }
-{%- if cookiecutter.logger == "mlflow" %}
-# MLflow 3 keeps its file store in maintenance mode and refuses it unless asked:
-# a local folder needs no database or server. For a database, pass
-# --trainer.logger.init_args.tracking_uri sqlite:///mlflow.db (needs sqlalchemy).
-os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-{%- elif cookiecutter.logger == "wandb" %}
-# Offline unless told otherwise: training needs no account and no network, and
-# `wandb sync logs/wandb/offline-run-*` uploads the runs later. WANDB_MODE=online
-# (after `wandb login`) sends them as they run.
-os.environ.setdefault("WANDB_MODE", "offline")
-{%- endif %}
+# Loggers whose relative folder would follow another process's working directory:
+# MLflow caches its store by URI (the first run's folder in this process), W&B's
+# service process resolves it against its own.
+ABSOLUTE_SAVE_DIR = {"MLFlowLogger": "mlruns", "WandbLogger": "."}
+
+
+# What Lightning's own code warns about under newer torch and jsonargparse releases,
+# and its model summary's note on mixed precision: nothing a user can act on.
+LIBRARY_NOISE = (
+    r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+    r"Precision .* is not supported by the model summary",
+)
+
+
+def quiet_library_noise() -> None:
+    """Keep the warnings of LIBRARY_NOISE, and the deprecations raised inside
+    Lightning's CLI, off the console."""
+    for message in LIBRARY_NOISE:
+        warnings.filterwarnings("ignore", message)
+    inside_the_cli = r"lightning\.pytorch\.cli"
+    warnings.filterwarnings("ignore", category=DeprecationWarning, module=inside_the_cli)
+
+
+def logger_kind(logger: Any) -> str:
+    """The class name a logger config names ("MLFlowLogger"), or ""."""
+    path = logger.get("class_path") if hasattr(logger, "get") else None
+    return str(path).rpartition(".")[2] if path else ""
+
+
+def prepare_logger(logger: Any) -> None:
+    """What the configured logger needs before it starts, for every kind of logger."""
+    kind = logger_kind(logger)
+    for name, value in LOGGER_ENVIRONMENT.get(kind, {}).items():
+        os.environ.setdefault(name, value)
+    init = logger.get("init_args") if kind in ABSOLUTE_SAVE_DIR else None
+    if init is not None and not init.get("tracking_uri"):
+        init["save_dir"] = os.path.abspath(init.get("save_dir") or ABSOLUTE_SAVE_DIR[kind])
 
 
 def resolve_hardware(trainer: dict[str, Any], say=rank_zero_info) -> None:
@@ -147,13 +153,15 @@ class ProjectParser(LightningArgumentParser):
     """Lightning's parser; `--print_config` shows the precision the run will use, and a
     bad flag or config file gets one line that names it (not the whole usage)."""
 
+    command = "<command>"  # the console command, for the error line (main() sets it)
+
     def error(self, message: str, ex: Exception | None = None):
         if not self.exit_on_error:
             return super().error(message, ex)
         text = _short_parse_error(" ".join(str(message).split()))
         words = self.prog.split()
         command = words[-1] if words and words[-1] in LightningCLI.subcommands() else "<command>"
-        help_ = f"`{{ cookiecutter.project_slug }} {command} --help` lists every flag"
+        help_ = f"`{self.command} {command} --help` lists every flag"
         sys.stderr.write(f"error: {text} ({help_})\n")
         self.exit(2)
 
@@ -174,20 +182,14 @@ class ProjectParser(LightningArgumentParser):
 def _short_parse_error(text: str) -> str:
     """jsonargparse's account of a value of the wrong type, in a few words:
     `trainer.max_epochs=many: expected int or null`."""
-    key = re.match(r'Parser key "([^"]+)": (Does not validate|Expected a)', text)
-    given = re.search(r"(?:Given|Got) value: (.*)$", text)
-    if not key or not given:
+    parts = wrong_type(text)
+    if parts is None:
         return text
-    choices = []
-    alternatives = r"Expected a (.*?)(?= - Expected a | Given value type|\. Got value|$)"
-    for expected in re.findall(alternatives, text):
-        if expected.startswith("typing.Literal["):
-            choices += [value.strip() for value in expected[15:-1].split(",")]
-        else:
-            name = re.sub(r"<class '(?:\w+\.)*(\w+)'>", r"\1", expected)
-            choices.append("null" if name == "NoneType" else name)
-    listed = ", ".join(choices[:-1]) + f" or {choices[-1]}" if len(choices) > 1 else choices[0]
-    return f"{key.group(1)}={given.group(1)}: expected {listed}"
+    key, given, expected = parts
+    if not expected:
+        return f"{key}={given}: {text}"
+    listed = ", ".join(expected[:-1]) + f" or {expected[-1]}" if len(expected) > 1 else expected[0]
+    return f"{key}={given}: expected {listed}"
 
 
 class SaveRunConfig(SaveConfigCallback):
@@ -219,9 +221,10 @@ class SaveRunConfig(SaveConfigCallback):
 
 
 class ProjectCLI(LightningCLI):
-    """LightningCLI plus the callbacks every run of this project gets."""
+    """LightningCLI plus the callbacks every run of a project gets."""
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, project: Project, **kwargs) -> None:
+        self.project = project
         words = kwargs.get("args")
         words = sys.argv[1:] if words is None else words
         first = words[0] if isinstance(words, list) and words else None
@@ -229,6 +232,13 @@ class ProjectCLI(LightningCLI):
         self._only = first if first in LightningCLI.subcommands() else None
         self._new_run: bool = False
         self._claimed: Path | None = None
+        if "parser_kwargs" in kwargs:  # those of the subcommands not built go nowhere
+            built, every = self.subcommands(), LightningCLI.subcommands()
+            kwargs["parser_kwargs"] = {
+                key: value
+                for key, value in kwargs["parser_kwargs"].items()
+                if key not in every or key in built
+            }
         try:
             super().__init__(*args, **kwargs)
         except BaseException:
@@ -249,10 +259,8 @@ class ProjectCLI(LightningCLI):
         parser.add_lightning_class_args(BestAndLast, "checkpoint")
         parser.set_defaults(
             {
-                "checkpoint.monitor": MONITOR,
-                "checkpoint.mode": MODE,
-                "checkpoint.save_top_k": 1,
-                "checkpoint.save_last": True,
+                "checkpoint.monitor": self.project.monitor,
+                "checkpoint.mode": self.project.mode,
                 "checkpoint.filename": "best-epoch{epoch:02d}-step{step}",
                 "checkpoint.auto_insert_metric_name": False,
             }
@@ -275,19 +283,8 @@ class ProjectCLI(LightningCLI):
         if config is None:
             return
         logger = config.get("trainer", {}).get("logger")
-{%- if cookiecutter.logger == "mlflow" %}
-        init = getattr(logger, "init_args", None)
-        if init is not None and "tracking_uri" in init and not init.get("tracking_uri"):
-            # MLflow caches its store by URI: a relative one would follow the
-            # working directory of the first run made in this process.
-            init["save_dir"] = os.path.abspath(init.get("save_dir") or "mlruns")
-{%- elif cookiecutter.logger == "wandb" %}
-        init = getattr(logger, "init_args", None)
-        if init is not None and "project" in init:
-            # W&B's service process resolves a relative folder against its own
-            # working directory, which is the first run's of this process.
-            init["save_dir"] = os.path.abspath(init.get("save_dir") or ".")
-{%- endif %}
+        if logger:
+            prepare_logger(logger)
         if subcommand == "fit":
             self.place_run(config)
         # Before Lightning reads the checkpoint's hyperparameters:
@@ -338,6 +335,13 @@ class ProjectCLI(LightningCLI):
         discard = find_callback(self.trainer, DiscardFailedStart)
         if discard is not None:
             discard.new_run = self._new_run
+        # What the project says about its own code, for the callbacks that use it.
+        compile_ = find_callback(self.trainer, CompileNetwork)
+        if compile_ is not None:
+            compile_.attribute = self.project.network
+        writer = find_callback(self.trainer, PredictionWriter)
+        if writer is not None:
+            writer.columns = self.project.prediction_columns
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
         # `callbacks` are the kit's, one per group of flags (--checkpoint.*, --health.*, ...).
@@ -397,30 +401,40 @@ class ProjectCLI(LightningCLI):
 
 def main(
     args: list[str] | None = None,
+    project: Project | None = None,
     callbacks: list[Callback] | None = None,
     cli_class: Callable[..., ProjectCLI] = ProjectCLI,
     **cli_kwargs,
 ) -> ProjectCLI:
-    """Run the CLI on `args` (default: the command line).
+    """Run the CLI of `project` on `args` (default: the command line).
 
-    `cli_kwargs` go to LightningCLI: `main([...], run=False)` only builds the
-    model, data and trainer, as tests and notebooks want. `callbacks` are added
-    to the Trainer's own (objects that a config cannot name, like the sweep's
-    pruning callback, which holds its trial); `cli_class` builds the CLI.
+    `cli_kwargs` go to LightningCLI: `main([...], project, run=False)` only
+    builds the model, data and trainer, as tests and notebooks want.
+    `callbacks` are added to the Trainer's own (objects that a config cannot
+    name, like the sweep's pruning callback, which holds its trial);
+    `cli_class` builds the CLI.
     """
+    if project is None:
+        raise TypeError("main() needs the project: main(args, PROJECT) (see kit/spec.py)")
+    quiet_library_noise()
     end_open_runs()
-    trainer_defaults = dict(TRAINER_DEFAULTS)
-    if callbacks:
-        trainer_defaults["callbacks"] = list(callbacks)
+    trainer_defaults = {"callbacks": list(callbacks)} if callbacks else {}
+    # The project's config file first (every subcommand), then --config files and flags;
+    # `--trainer.max_epoch` is a typo to report, not an abbreviation to accept.
+    defaults = [str(project.defaults)] if project.defaults else []
+    parser_kwargs: dict[str, Any] = {"allow_abbrev": False}
+    if cli_kwargs.get("run") is False:  # one parser, no subcommands
+        parser_kwargs["default_config_files"] = defaults
+    for subcommand in LightningCLI.subcommands():
+        parser_kwargs[subcommand] = {"allow_abbrev": False, "default_config_files": defaults}
     return cli_class(
-        Model,
-        DataModule,
+        project.model,
+        project.datamodule,
+        project=project,
         args=args,
         trainer_defaults=trainer_defaults,
-        seed_everything_default=42,
-        parser_class=ProjectParser,
-        # `--trainer.max_epoch` is a typo to report, not an abbreviation to accept.
-        parser_kwargs={"allow_abbrev": False},
+        parser_class=type("ProjectParser", (ProjectParser,), {"command": project.command}),
+        parser_kwargs=parser_kwargs,
         # The model builds its own optimizer in configure_optimizers, so the
         # CLI's generic --optimizer/--lr_scheduler groups stay off.
         auto_configure_optimizers=False,
@@ -432,7 +446,7 @@ def main(
     )
 
 
-def run(args: list[str] | None = None) -> int:
+def run(args: list[str] | None, project: Project) -> int:
     """`main` for the command line: a known error gets a hint after its traceback.
 
     Nothing is swallowed: the traceback is printed in full and the exit code is
@@ -440,29 +454,29 @@ def run(args: list[str] | None = None) -> int:
     (128 + SIGTERM) when a scheduler stopped the run.
     """
     try:
-        main(args)
+        main(args, project)
     except (CheckpointError, CheckpointSaveError, ConfigError) as error:
         print(f"{_rank()}error: {error}", file=sys.stderr)
         return 2
     except RuntimeError as error:
         mismatch = state_dict_mismatch(error)
         if mismatch is None:
-            return _failed(error)
+            return _failed(error, project.command)
         print(f"{_rank()}error: {mismatch}", file=sys.stderr)
         return 2
     except SIGTERMException:
         print(f"{_rank()}stopped by SIGTERM; resume with `fit --ckpt_path last`", file=sys.stderr)
         return 143
     except Exception as error:
-        return _failed(error)
+        return _failed(error, project.command)
     return 0
 
 
-def _failed(error: Exception) -> int:
+def _failed(error: Exception, command: str) -> int:
     """The traceback in full, the error, and the hint for it if there is one; exit code 1."""
     traceback.print_exception(error)
     print(f"{_rank()}failed: {type(error).__name__}: {error}", file=sys.stderr)
-    hint = explain(error)
+    hint = explain(error, command=command)
     if hint:
         print(hint, file=sys.stderr)
     return 1

@@ -13,7 +13,8 @@ from time import monotonic
 import torch
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import ModelSummary, TQDMProgressBar
-from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
+
+from .internals import accumulating, format_summary_table, loggers_write_now, logging_step
 
 log = logging.getLogger("lightning.pytorch.callbacks.model_summary")
 
@@ -22,9 +23,7 @@ def logs_this_step(trainer: Trainer) -> bool:
     """Whether the logger writes at the end of this training step: an optimizer
     step (not a micro-batch being accumulated) at which the logger connector
     writes (every `--trainer.log_every_n_steps`, and the last)."""
-    if trainer.fit_loop.epoch_loop._should_accumulate():
-        return False
-    return bool(trainer._logger_connector.should_update_logs)
+    return not accumulating(trainer) and loggers_write_now(trainer)
 
 
 class TrainLoss(Callback):
@@ -82,7 +81,7 @@ class TrainLoss(Callback):
             trainer.callback_metrics[self.NAME] = torch.tensor(mean)
             trainer.progress_bar_metrics[self.NAME] = mean
             # Lightning's x-axis for a step's metrics: the optimizer steps before this one.
-            step = trainer.fit_loop.epoch_loop._batches_that_stepped
+            step = logging_step(trainer)
             self._pending.append((step, trainer.current_epoch, mean))
             if self.clock() - self._written_at >= self.write_every:
                 self.write(trainer)
@@ -120,7 +119,8 @@ class TQDMBar(TQDMProgressBar):
     more than a small model's whole step; Lightning redraws every
     `refresh_rate` batches, a count that either freezes a slow step's bar or
     redraws a fast one hundreds of times a second. A time interval suits both.
-    The last batch of each loop is always drawn.
+    The last batch of each loop is always drawn. (Kept: TQDMProgressBar's
+    `refresh_rate` counts batches and has no time interval.)
     """
 
     clock = staticmethod(monotonic)
@@ -169,7 +169,7 @@ class Summary(ModelSummary):
     ) -> None:
         if not total_flops:
             summary_data = [column for column in summary_data if column[0] != "FLOPs"]
-        table = _format_summary_table(
+        table = format_summary_table(
             total_parameters, trainable_parameters, model_size, modes, total_flops, *summary_data
         )
         if not total_flops:

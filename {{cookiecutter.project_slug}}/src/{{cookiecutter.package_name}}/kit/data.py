@@ -198,6 +198,12 @@ class SplitDataModule(LightningDataModule):
     under a quarter of the free memory, kept there; True keeps them on the
     device whatever their size; False reads them sample by sample through the
     usual DataLoader path.
+
+    After `setup`, a split of tensors (a TensorDataset, or a Subset of one, as
+    `split_dataset` makes) is a `TensorDataset` whatever `on_device` says:
+    `self.splits["train"].tensors` holds its tensors, in the split's order.
+    (Unless the module batches its own way with `collate_fn`: then its splits
+    are left as `make_splits` returned them.)
     """
 
     collate_fn: Callable[[list[Any]], Any] | None = None
@@ -253,10 +259,14 @@ class SplitDataModule(LightningDataModule):
         """Turn splits of tensors into TensorBatches, moved to the CUDA `device` (None:
         none) where `on_device` says so; returns whether they were moved."""
         wanted = self.setting("on_device")
-        if self.collate_fn is not None or wanted is False:  # batches made the usual way
+        if self.collate_fn is not None:  # the module batches its own way
             return False
         tensors = {name: tensors_of(split) for name, split in self.splits.items()}
         tensors = {name: found for name, found in tensors.items() if found is not None}
+        if wanted is False:  # the same type, read sample by sample the usual way
+            for name, found in tensors.items():
+                self.splits[name] = TensorDataset(*found)
+            return False
         everything = [tensor for found in tensors.values() for tensor in found]
         move = device is not None and (wanted or (wanted is None and fits_on(device, everything)))
         for name, found in tensors.items():

@@ -1,13 +1,13 @@
-"""`{{ cookiecutter.project_slug }} doctor`: what is wrong with this machine for training, and the fix.
+"""`<command> doctor`: what is wrong with this machine for training, and the fix.
 
 It checks the chain the guide describes: NVIDIA driver -> CUDA runtime -> the
 CUDA version torch was built with -> the devices torch can see. It imports
 torch but never Lightning, so it still answers when Lightning's install is
 broken, and it answers fast.
 
-    {{ cookiecutter.project_slug }} doctor                # the report; exit 0 unless torch is missing
-    {{ cookiecutter.project_slug }} doctor --require-gpu  # exit 1 unless a GPU is usable (CI, job scripts)
-    {{ cookiecutter.project_slug }} doctor --json         # the same facts as one JSON object
+    <command> doctor                # the report; exit 0 unless torch is missing
+    <command> doctor --require-gpu  # exit 1 unless a GPU is usable (CI, job scripts)
+    <command> doctor --json         # the same facts as one JSON object
 """
 
 import argparse
@@ -18,12 +18,11 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Container
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from typing import Any
 
-GIB = 1024**3
+from .machine import build_name, cuda_devices
 
 
 @dataclass(frozen=True)
@@ -57,45 +56,6 @@ def probe_nvidia_smi(timeout: float = 10.0) -> dict[str, Any] | None:
         facts["cuda_version"] = match.group(1)
     facts["gpus"] = re.findall(r"^GPU \d+: (.+?)(?: \(UUID.*)?$", listing, re.MULTILINE)
     return facts
-
-
-def build_name(cuda: str | None, hip: str | None) -> str:
-    """'CUDA 12.4', 'ROCm 6.1' or 'CPU-only': what a torch was compiled for."""
-    if cuda:
-        return f"CUDA {cuda}"
-    if hip:
-        return f"ROCm {hip}"
-    return "CPU-only"
-
-
-def cuda_devices(free_of: Container[int] | None = None) -> list[dict[str, Any]]:
-    """Name, compute capability, free/total memory and bf16 of each visible CUDA device.
-
-    Free memory needs a CUDA context on the device (a few hundred MB of its
-    memory): with `free_of`, only those devices are asked, the others report
-    `free_gib` None. A training rank asks for its own device only.
-    """
-    import torch
-
-    if not torch.cuda.is_available():
-        return []
-    devices = []
-    for index in range(torch.cuda.device_count()):
-        props = torch.cuda.get_device_properties(index)
-        free = None
-        if free_of is None or index in free_of:
-            free = round(torch.cuda.mem_get_info(index)[0] / GIB, 1)
-        devices.append(
-            {
-                "index": index,
-                "name": props.name,
-                "capability": f"{props.major}.{props.minor}",
-                "free_gib": free,
-                "total_gib": round(props.total_memory / GIB, 1),
-                "bf16": props.major >= 8,
-            }
-        )
-    return devices
 
 
 def probe_torch() -> dict[str, Any]:
@@ -305,9 +265,10 @@ def format_report(facts: dict[str, Any], findings: list[Finding]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, command: str = "doctor") -> int:
+    """`command` is how the report's usage names itself (the console command's `doctor`)."""
     parser = argparse.ArgumentParser(
-        prog="{{ cookiecutter.project_slug }} doctor",
+        prog=command,
         description="Check torch, CUDA, the driver and the GPUs, and say what to fix.",
     )
     parser.add_argument("--require-gpu", action="store_true", help="exit 1 unless a GPU is usable")

@@ -1,8 +1,8 @@
-"""`{{ cookiecutter.project_slug }} export`: the trained network of a checkpoint, as a file.
+"""`<command> export`: the trained network of a checkpoint, as a file.
 
-    {{ cookiecutter.project_slug }} export --ckpt_path CKPT --output model.pt     # state_dict
-    {{ cookiecutter.project_slug }} export --ckpt_path CKPT --output model.pt2    # torch.export
-    {{ cookiecutter.project_slug }} export --ckpt_path CKPT --output model.onnx   # ONNX
+    <command> export --ckpt_path CKPT --output model.pt     # state_dict
+    <command> export --ckpt_path CKPT --output model.pt2    # torch.export
+    <command> export --ckpt_path CKPT --output model.onnx   # ONNX
 
 The suffix of `--output` picks the format (`--format` overrides it):
 
@@ -12,26 +12,26 @@ The suffix of `--output` picks the format (`--format` overrides it):
   class and hyperparameters, and which of its submodules is the network. Load
   it back with
 
-      from {{ cookiecutter.package_name }}.kit.export import load_network
-      network = load_network("model.pt")   # an nn.Module in eval mode
+      from <package>.kit.export import load_network
+      from <package>.project import PROJECT
+      network = load_network("model.pt", PROJECT)   # an nn.Module in eval mode
 
 - `pt2`: a `torch.export` ExportedProgram, graph and weights: it needs torch
   only, not this project (`torch.export.load("model.pt2").module()(x)`).
 - `onnx`: an ONNX model for ONNX Runtime and other engines (`pip install
-  "{{ cookiecutter.project_slug }}[onnx]"` for the exporter and the runtime that checks it).
+  "<project>[onnx]"` for the exporter and the runtime that checks it).
 
 The two deployable formats are traced on a batch of the project's own
 DataModule (built with the data hyperparameters the checkpoint recorded), with
-the batch dimension (the first of every input) dynamic. The network's inputs
-are the batch itself when it is a tensor, else its first element; a
-LightningModule whose network takes something else (several tensors, a dict
-batch) says so with a `network_inputs(self, batch) -> tuple` method. Before a
-file is written, it is read back and its outputs are compared with the
-checkpoint network's on that batch and on one of another size.
+the dimensions `Project.dynamic_dims` names left free (default: the batch, the
+first of every input). The network's inputs are the batch itself when it is a
+tensor, else its first element; a project whose network takes something else
+(several tensors, a dict batch) names a function in `Project.network_inputs`.
+Before a file is written, it is read back and its outputs are compared with
+the checkpoint network's on that batch and on one of other sizes.
 
-Which submodule is the network: the one the LightningModule names in a
-`network_attribute` class attribute ("net", "model.encoder"); else its only
-child module with weights; else the whole LightningModule.
+Which submodule is the network: `Project.network` ("net", "model.encoder");
+else its only child module with weights; else the whole LightningModule.
 """
 
 import argparse
@@ -42,7 +42,7 @@ import io
 import logging
 import sys
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -51,16 +51,15 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-from {{ cookiecutter.package_name }}.kit.checkpoints import (
+from .checkpoints import (
     CheckpointError,
     CheckpointSaveError,
     atomic_save,
     check_checkpoint,
     state_dict_mismatch,
 )
+from .spec import BATCH_ONLY, Project, network_of
 
-PACKAGE = "{{ cookiecutter.package_name }}"
-COMMAND = "{{ cookiecutter.project_slug }}"
 COMPILED = "_orig_mod."  # what torch.compile's wrapper adds to every key
 CLI_INSTANTIATOR = "lightning.pytorch.cli.instantiate_module"
 FORMATS = ("state_dict", "pt2", "onnx")
@@ -90,20 +89,25 @@ def class_path(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def module_class(path: str | None) -> type:
-    """The LightningModule class a checkpoint or an export names: project.Model (the
-    default), or another class of this project; never code from elsewhere."""
-    from {{ cookiecutter.package_name }}.project import Model
-
-    if not path or path == class_path(Model):
-        return Model
+def module_class(path: str | None, project: Project) -> type:
+    """The LightningModule class an export names: the project's model (the default),
+    or another class of the project's package; never code from elsewhere."""
+    model = project.model
+    if not path or path == class_path(model):
+        return model
     module_name, _, name = path.rpartition(".")
-    if module_name != PACKAGE and not module_name.startswith(PACKAGE + "."):
+    package = project.package or model.__module__.partition(".")[0]
+    if module_name != package and not module_name.startswith(package + "."):
         raise ExportError(
-            f"the file names the class {path!r}, which is neither project.Model"
-            f" ({class_path(Model)}) nor part of {PACKAGE}; only those are rebuilt"
+            f"the file names the class {path!r}, which is neither the project's model"
+            f" ({class_path(model)}) nor part of {package}; only those are rebuilt"
         )
-    return getattr(importlib.import_module(module_name), name)
+    try:
+        return getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError) as error:
+        raise ExportError(
+            f"the file names the class {path!r}, which {package} lacks: {error}"
+        ) from error
 
 
 def build_module(cls: type, hyper_parameters: dict[str, Any]) -> nn.Module:
@@ -118,6 +122,8 @@ def build_module(cls: type, hyper_parameters: dict[str, Any]) -> nn.Module:
             config = {"_class_path": recorded_class, **hparams} if recorded_class else hparams
             return instantiate_module(cls, config)
         accepted = inspect.signature(cls).parameters
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values()):
+            return cls(**hparams)  # takes any argument: its **kwargs pass them on
         return cls(**{key: value for key, value in hparams.items() if key in accepted})
     except Exception as error:
         raise ExportError(
@@ -125,31 +131,6 @@ def build_module(cls: type, hyper_parameters: dict[str, Any]) -> nn.Module:
             f" ({', '.join(sorted(hparams)) or 'none recorded'}): {error}. Call"
             " self.save_hyperparameters() in its __init__, so checkpoints record its arguments"
         ) from error
-
-
-def network_of(module: nn.Module) -> tuple[str, nn.Module]:
-    """(attribute, network): the submodule to export, see the module docstring."""
-    declared = getattr(type(module), "network_attribute", None)
-    if declared:
-        network: Any = module
-        for part in declared.split("."):
-            network = getattr(network, part, None)
-        if not isinstance(network, nn.Module):
-            children = ", ".join(name for name, _ in module.named_children()) or "none"
-            raise ExportError(
-                f"{type(module).__name__}.network_attribute = {declared!r}, but that is not a"
-                f" submodule of it (its submodules: {children})"
-            )
-        return declared, getattr(network, "_orig_mod", network)
-    weighted = [
-        (name, child)
-        for name, child in module.named_children()
-        if any(True for _ in child.parameters())
-    ]
-    if len(weighted) == 1:
-        name, child = weighted[0]
-        return name, getattr(child, "_orig_mod", child)
-    return "", module
 
 
 def read_checkpoint(ckpt_path: str | Path) -> dict[str, Any]:
@@ -160,26 +141,44 @@ def read_checkpoint(ckpt_path: str | Path) -> dict[str, Any]:
     return checkpoint
 
 
-def module_of_checkpoint(
-    checkpoint: dict[str, Any], ckpt_path: str | Path
+def load_checkpoint_module(
+    ckpt_path: str | Path, project: Project, checkpoint: dict[str, Any] | None = None
 ) -> tuple[nn.Module, dict[str, Any]]:
-    """The LightningModule a read checkpoint holds, with its weights, in eval mode."""
-    hparams = dict(checkpoint.get("hyper_parameters") or {})
-    module = build_module(module_class(hparams.get("_class_path")), hparams)
+    """The LightningModule of a checkpoint with its weights, in eval mode, and its
+    hyperparameters: Lightning's `load_from_checkpoint`, tensors and plain values only.
+
+    The class is the project's model, or the subclass of it that the Lightning CLI
+    recorded (`_class_path`) when one of the project's package was trained.
+    `checkpoint` is the file, when it has been read already.
+    """
+    path = check_checkpoint(ckpt_path)
+    if checkpoint is None:
+        checkpoint = read_checkpoint(path)
+    recorded = dict(checkpoint.get("hyper_parameters") or {}).get("_class_path")
+    cls = module_class(recorded, project)
+    if not (isinstance(cls, type) and issubclass(cls, project.model)):
+        raise ExportError(
+            f"checkpoint '{ckpt_path}' names the class {recorded!r}, which is not the"
+            f" project's model ({class_path(project.model)}) or a subclass of it"
+        )
     try:
-        module.load_state_dict(clean_state_dict(checkpoint["state_dict"]), strict=True)
+        module = cls.load_from_checkpoint(path, map_location="cpu", weights_only=True)
     except RuntimeError as error:
         raise ExportError(
-            f"checkpoint '{ckpt_path}': {state_dict_mismatch(error) or error} (as rebuilt from"
-            f" its recorded hyperparameters: {', '.join(sorted(hparams)) or 'none'}; a module"
-            " that takes arguments must call self.save_hyperparameters())"
+            f"checkpoint '{ckpt_path}': {state_dict_mismatch(error) or error} (a module that"
+            " takes arguments must call self.save_hyperparameters(), so checkpoints record them)"
         ) from error
-    return module.eval(), hparams
-
-
-def load_checkpoint_module(ckpt_path: str | Path) -> tuple[nn.Module, dict[str, Any]]:
-    """The LightningModule of a checkpoint with its weights, and its hyperparameters."""
-    return module_of_checkpoint(read_checkpoint(ckpt_path), ckpt_path)
+    except TypeError as error:
+        raise ExportError(
+            f"cannot rebuild {cls.__name__} from checkpoint '{ckpt_path}': {error}."
+            " Call self.save_hyperparameters() in its __init__, so checkpoints record its"
+            " arguments"
+        ) from error
+    except ValueError as error:
+        raise ExportError(
+            f"cannot rebuild {cls.__name__} from checkpoint '{ckpt_path}': {error}"
+        ) from error
+    return module.eval(), dict(module.hparams)
 
 
 def format_of(output: str | Path, requested: str | None = None) -> str:
@@ -194,6 +193,7 @@ def format_of(output: str | Path, requested: str | None = None) -> str:
 def export(
     ckpt_path: str | Path,
     output: str | Path,
+    project: Project,
     format: str | None = None,
     rtol: float = RTOL,
     atol: float = ATOL,
@@ -204,8 +204,11 @@ def export(
     """
     chosen = format_of(output, format)
     checkpoint = read_checkpoint(ckpt_path)
-    module, hparams = module_of_checkpoint(checkpoint, ckpt_path)
-    attribute, network = network_of(module)
+    module, hparams = load_checkpoint_module(ckpt_path, project, checkpoint)
+    try:
+        attribute, network = network_of(module, project.network)
+    except ValueError as error:
+        raise ExportError(str(error)) from error
     if chosen == "state_dict":
         exported = {
             "module": class_path(type(module)),
@@ -215,11 +218,11 @@ def export(
             "state_dict": clean_state_dict(network.state_dict()),
         }
         # Prove it loads before writing it: strict, into a network rebuilt from the record.
-        rebuild(exported).load_state_dict(exported["state_dict"], strict=True)
+        rebuild(exported, project).load_state_dict(exported["state_dict"], strict=True)
         return atomic_save(exported, output)
-    batch = example_batch(checkpoint.get(DATAMODULE_HPARAMS))
-    inputs = at_least_two(network_inputs(module, batch))
-    data = deployable(network.eval(), inputs, chosen, rtol=rtol, atol=atol)
+    batch = example_batch(project, checkpoint.get(DATAMODULE_HPARAMS))
+    inputs = at_least_two(network_inputs(batch, project.network_inputs))
+    data = deployable(network.eval(), inputs, chosen, rtol=rtol, atol=atol, dims=project.dims)
     return atomic_save(data, output, save=write_bytes)
 
 
@@ -227,17 +230,18 @@ def write_bytes(data: bytes, file: Any) -> None:
     file.write(data)
 
 
-def network_inputs(module: nn.Module, batch: Any) -> tuple[torch.Tensor, ...]:
+def network_inputs(
+    batch: Any, hook: Callable[[Any], Any] | None = None
+) -> tuple[torch.Tensor, ...]:
     """What the network takes, from a batch as the module's steps receive it.
 
-    The module's own `network_inputs(batch)` when it has one; else the batch
+    The project's `network_inputs(batch)` when it names one; else the batch
     itself when it is a tensor, or its first element when it is a tuple or list.
     """
-    hook = getattr(module, "network_inputs", None)
-    if callable(hook):
+    if hook is not None:
         inputs = hook(batch)
         inputs = tuple(inputs) if isinstance(inputs, tuple | list) else (inputs,)
-        source = f"{type(module).__name__}.network_inputs(batch)"
+        source = f"Project.network_inputs ({getattr(hook, '__name__', hook)})"
     elif isinstance(batch, torch.Tensor):
         inputs, source = (batch,), "the batch"
     elif isinstance(batch, tuple | list) and batch and isinstance(batch[0], torch.Tensor):
@@ -246,9 +250,9 @@ def network_inputs(module: nn.Module, batch: Any) -> tuple[torch.Tensor, ...]:
         kind = type(batch).__name__
         keys = f" with keys {sorted(map(str, batch))}" if isinstance(batch, dict) else ""
         raise ExportError(
-            f"cannot tell the network's inputs from a batch of type {kind}{keys}: define"
-            f" `network_inputs(self, batch) -> tuple` on {type(module).__name__}, returning the"
-            " tensors its network takes, in the order of its forward's arguments"
+            f"cannot tell the network's inputs from a batch of type {kind}{keys}: name a"
+            " function `batch -> tuple` as Project.network_inputs in project.py, returning the"
+            " tensors the network takes, in the order of its forward's arguments"
         )
     if not inputs or not all(isinstance(x, torch.Tensor) and x.dim() > 0 for x in inputs):
         raise ExportError(
@@ -271,7 +275,7 @@ def at_least_two(inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
     return tuple(torch.cat([x] * 2) for x in inputs)
 
 
-def example_batch(datamodule_hparams: dict[str, Any] | None = None) -> Any:
+def example_batch(project: Project, datamodule_hparams: dict[str, Any] | None = None) -> Any:
     """The first batch of the project's DataModule, on the CPU.
 
     Built with the hyperparameters the checkpoint recorded for it, if any; taken
@@ -279,8 +283,7 @@ def example_batch(datamodule_hparams: dict[str, Any] | None = None) -> Any:
     """
     from lightning.pytorch.utilities.model_helpers import is_overridden
 
-    from {{ cookiecutter.package_name }}.project import DataModule
-
+    DataModule = project.datamodule  # noqa: N806  (a class)
     hparams = dict(datamodule_hparams or {})
     try:
         datamodule = build_module(DataModule, hparams)
@@ -353,8 +356,9 @@ def deployable(
     format: str,
     rtol: float = RTOL,
     atol: float = ATOL,
+    dims: Mapping[int, str] = BATCH_ONLY,
 ) -> bytes:
-    """The bytes of the network as a `pt2` or `onnx` file, with a dynamic batch.
+    """The bytes of the network as a `pt2` or `onnx` file, `dims` of every input free.
 
     Checked before they are returned: read back from the bytes, the export's
     outputs equal the network's on `inputs` and on a batch of another size.
@@ -363,29 +367,64 @@ def deployable(
     # ExportError gives is the message here.
     logging.disable(logging.WARNING)
     try:
-        return checked_export(network, inputs, format, rtol, atol)
+        return checked_export(network, inputs, format, rtol, atol, dims)
     finally:
         logging.disable(logging.NOTSET)
 
 
+def grown(inputs: tuple[torch.Tensor, ...], dims: Mapping[int, str]) -> tuple:
+    """The inputs one longer along every free dimension (each input that has it), by
+    repeating its first slice there: a second shape the export must take."""
+    out = []
+    for x in inputs:
+        for dim in dims:
+            if dim < x.dim():
+                x = torch.cat([x, x.narrow(dim, 0, 1)], dim=dim)
+        out.append(x)
+    return tuple(out)
+
+
+def shape_of(x: torch.Tensor) -> str:
+    return "x".join(map(str, x.shape))
+
+
 def checked_export(
-    network: nn.Module, inputs: tuple[torch.Tensor, ...], format: str, rtol: float, atol: float
+    network: nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    format: str,
+    rtol: float,
+    atol: float,
+    dims: Mapping[int, str] = BATCH_ONLY,
 ) -> bytes:
-    other = tuple(torch.cat([x, x[:1]]) for x in inputs)  # one sample more
+    named = ", ".join(f"{name} (dim {dim})" for dim, name in sorted(dims.items()))
+    other = grown(inputs, dims)  # one longer along every free dimension
     with torch.no_grad():
         # Run first: a network that caches tensors on its first call has them now.
-        expected = [tensors_of(network(*batch)) for batch in (inputs, other)]
-    batch = torch.export.Dim("batch")
-    dynamic_shapes = tuple({0: batch} for _ in inputs)
+        expected = [tensors_of(network(*inputs))]
+        try:
+            expected.append(tensors_of(network(*other)))
+        except Exception as error:
+            raise ExportError(
+                f"{type(network).__name__} fails on inputs one longer along {named} (first"
+                f" input {shape_of(other[0])}): {reason(error)}; Project.dynamic_dims may name"
+                " only dimensions the network takes at any size"
+            ) from error
+    free = {dim: torch.export.Dim.AUTO for dim in dims}  # torch.export names each one
+    dynamic_shapes = tuple({d: v for d, v in free.items() if d < x.dim()} for x in inputs)
     try:
         # On failure torch.export prints the graph it traced so far to stderr.
         with contextlib.redirect_stderr(io.StringIO()):
             program = torch.export.export(network, inputs, dynamic_shapes=dynamic_shapes)
     except Exception as error:
         raise ExportError(
-            f"torch.export cannot trace {type(network).__name__} with a dynamic batch"
-            f" dimension: {reason(error)}"
+            f"torch.export cannot trace {type(network).__name__} with {named} free: {reason(error)}"
         ) from error
+    fixed = fixed_dims(program, dynamic_shapes, dims)
+    if fixed:
+        raise ExportError(
+            f"torch.export cannot trace {type(network).__name__} with {named} free: its code"
+            f" fixes {', '.join(fixed)}"
+        )
     if format == "pt2":
         buffer = io.BytesIO()
         torch.export.save(program, buffer)
@@ -395,10 +434,36 @@ def checked_export(
         data = onnx_bytes(program, len(inputs))
         run = onnx_runner(data)
     for batch, want in zip((inputs, other), expected, strict=True):
-        with torch.no_grad():
-            got = run(batch)
-        compare(f"the {format} export (batch of {len(batch[0])})", got, want, rtol, atol)
+        name = f"the {format} export (first input {shape_of(batch[0])})"
+        try:
+            with torch.no_grad():
+                got = run(batch)
+        except Exception as error:
+            raise ExportError(f"{name} fails: {reason(error)}") from error
+        compare(name, got, want, rtol, atol)
     return data
+
+
+def fixed_dims(
+    program: Any, dynamic_shapes: tuple[dict[int, Any], ...], dims: Mapping[int, str]
+) -> list[str]:
+    """The free dimensions torch.export made constant (Dim.AUTO does so without a word
+    when the code needs one size), as "length (dim 1) of input 0 to 6"."""
+    from torch.fx.experimental.symbolic_shapes import is_concrete_int
+
+    placeholders = {node.name: node for node in program.graph.nodes if node.op == "placeholder"}
+    fixed = []
+    for index, (name, free) in enumerate(
+        zip(program.graph_signature.user_inputs, dynamic_shapes, strict=False)
+    ):
+        value = placeholders[name].meta.get("val") if name in placeholders else None
+        if not isinstance(value, torch.Tensor):
+            continue
+        for dim in free:
+            size = value.shape[dim]
+            if is_concrete_int(size):
+                fixed.append(f"{dims[dim]} (dim {dim}) of input {index} to {size}")
+    return fixed
 
 
 def pt2_runner(data: bytes) -> Callable[[tuple], list[torch.Tensor]]:
@@ -420,7 +485,7 @@ def onnx_modules() -> tuple[Any, Any]:
     except ImportError as error:
         raise ExportError(
             f"writing ONNX needs onnx, onnxscript and onnxruntime ({error.name} is missing):"
-            f' pip install "{COMMAND}[onnx]"'
+            ' pip install "onnx>=1.18" "onnxscript>=0.5" "onnxruntime>=1.22" (the [onnx] extra)'
         ) from error
     return onnx, onnxruntime
 
@@ -455,26 +520,27 @@ def onnx_runner(data: bytes) -> Callable[[tuple], list[torch.Tensor]]:
     return run
 
 
-def rebuild(exported: dict[str, Any]) -> nn.Module:
+def rebuild(exported: dict[str, Any], project: Project) -> nn.Module:
     """A fresh, untrained network of the kind `exported` holds."""
-    module = build_module(module_class(exported["module"]), exported["hyper_parameters"])
+    cls = module_class(exported["module"], project)
+    module = build_module(cls, exported["hyper_parameters"])
     network: Any = module
     for part in filter(None, exported["attribute"].split(".")):
         network = getattr(network, part)
     return getattr(network, "_orig_mod", network)
 
 
-def load_network(path: str | Path) -> nn.Module:
+def load_network(path: str | Path, project: Project) -> nn.Module:
     """The network `export` wrote, rebuilt and loaded strictly, in eval mode."""
     exported = torch.load(path, map_location="cpu", weights_only=True)
-    network = rebuild(exported)
+    network = rebuild(exported, project)
     network.load_state_dict(exported["state_dict"], strict=True)
     return network.eval()
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None, project: Project) -> int:
     parser = argparse.ArgumentParser(
-        prog=f"{COMMAND} export",
+        prog=f"{project.command} export",
         description="Write the trained network of a checkpoint: a plain state_dict (.pt), a"
         " torch.export program (.pt2) or an ONNX model (.onnx), checked before it is written.",
     )
@@ -491,13 +557,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.rtol < 0 or args.atol < 0:
         parser.error("--rtol and --atol must be 0 or more")
     try:
-        output = export(args.ckpt_path, args.output, args.format, rtol=args.rtol, atol=args.atol)
+        output = export(
+            args.ckpt_path, args.output, project, args.format, rtol=args.rtol, atol=args.atol
+        )
     except (CheckpointError, CheckpointSaveError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     chosen = format_of(output, args.format)
     if chosen == "state_dict":
-        use = f"load it with {PACKAGE}.kit.export.load_network({str(output)!r})"
+        use = f"load it with {project.package}.kit.export.load_network({str(output)!r}, PROJECT)"
     elif chosen == "pt2":
         use = f"torch.export.load({str(output)!r}).module() runs it, with torch alone"
     else:

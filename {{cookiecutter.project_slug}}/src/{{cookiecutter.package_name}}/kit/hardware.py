@@ -15,6 +15,8 @@ from typing import Any, Literal
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
+from .spec import network_of
+
 
 def cuda_capabilities() -> tuple[bool, bool]:
     """(CUDA usable, every visible device supports bf16)."""
@@ -63,9 +65,10 @@ def use_tensor_cores() -> None:
 class CompileNetwork(Callback):
     """`--compile.enabled true`: torch.compile the network, in place, before training.
 
-    The network (the module's `network_attribute`, or its only child with
-    weights), not the LightningModule: compiling the whole module would trace
-    Lightning's hooks and logging too, which Lightning's docs advise against.
+    The network (`Project.network`, which the CLI sets as `attribute`, or the
+    module's only child with weights), not the LightningModule: compiling the
+    whole module would trace Lightning's hooks and logging too, which Lightning's
+    docs advise against.
     `nn.Module.compile` keeps the module and its parameter names, so checkpoints
     and exports hold no `_orig_mod.` and load into an uncompiled network; under
     DDP the network is compiled before Lightning wraps it. The first steps are
@@ -82,16 +85,15 @@ class CompileNetwork(Callback):
     ) -> None:
         self.enabled = enabled
         self.mode = mode
+        self.attribute: str | None = None
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if not self.enabled:
             return
-        from {{ cookiecutter.package_name }}.kit.export import network_of
-
-        attribute, network = network_of(pl_module)
+        attribute, network = network_of(pl_module, self.attribute)
         if not attribute:
             raise ValueError(
                 f"compile.enabled: {type(pl_module).__name__} has several submodules with"
-                " weights; name the one to compile with a `network_attribute` class attribute"
+                " weights; name the one to compile as Project.network in project.py"
             )
         network.compile(mode=self.mode)

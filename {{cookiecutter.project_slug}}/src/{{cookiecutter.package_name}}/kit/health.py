@@ -16,6 +16,11 @@ device's own time in the steps and idle between them, waiting for the host to
 bring the next batch. The clock and the events are attributes
 (`TrainingHealth.clock`, `TrainingHealth.event`), so tests drive them by hand
 instead of depending on how fast the machine is.
+
+Kept rather than Lightning's: its ThroughputMonitor synchronizes the device at
+every step to time it, and `measure_flops` runs a forward and backward of its
+own; here the FLOPs are those of the first real step (torch's FlopCounterMode),
+and nothing waits for the device.
 """
 
 from collections import deque
@@ -29,8 +34,8 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from {{ cookiecutter.package_name }}.kit.callbacks import loader_facts
-from {{ cookiecutter.package_name }}.kit.peaks import cuda_peak
+from .callbacks import loader_facts
+from .peaks import cuda_peak
 
 MIB = 1024**2
 

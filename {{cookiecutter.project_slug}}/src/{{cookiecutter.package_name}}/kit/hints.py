@@ -2,7 +2,7 @@
 
 `HINTS` is the one table: the CLI prints the matching entry after a traceback,
 and the README's troubleshooting table is generated from it
-(`python -m {{ cookiecutter.package_name }}.kit.hints` prints it; a test keeps them equal).
+(`python -m <package>.kit.hints <command>` prints it; a test keeps them equal).
 Plain Python: no Lightning import, so it works when Lightning's install does not.
 """
 
@@ -12,7 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-COMMAND = "{{ cookiecutter.project_slug }}"
+# Stands for the console command in the table; `explain` and `markdown_table` put
+# the project's in its place.
+COMMAND = "<command>"
 
 # What the running command knows when it fails: filled by the CLI and its
 # callbacks (batch size, precision, devices, where the tensors were), read here.
@@ -229,7 +231,9 @@ def find_hint(error: BaseException) -> Hint | None:
     return next((h for h in HINTS if re.search(h.pattern, text)), None)
 
 
-def explain(error: BaseException, context: dict[str, Any] | None = None) -> str | None:
+def explain(
+    error: BaseException, context: dict[str, Any] | None = None, command: str = COMMAND
+) -> str | None:
     """The block to print after the traceback, or None for an unknown error."""
     hint = find_hint(error)
     if hint is None:
@@ -241,18 +245,20 @@ def explain(error: BaseException, context: dict[str, Any] | None = None) -> str 
     lines += [f"    - {fix}" for fix in hint.fixes]
     lines += [f"  {line}" for line in hint.details(context)]
     rule = "=" * 72
-    return "\n".join([rule, *lines, rule])
+    return "\n".join([rule, *lines, rule]).replace(COMMAND, command)
 
 
-def markdown_table() -> str:
+def markdown_table(command: str = COMMAND) -> str:
     """The README's troubleshooting table: symptom -> cause -> fix."""
     rows = ["| symptom | likely cause | fix |", "| --- | --- | --- |"]
     for hint in HINTS:
         cause = "; ".join(hint.causes)
         fix = "; ".join(hint.fixes)
         rows.append(f"| {hint.symptom} | {cause} | {fix} |".replace("\n", " "))
-    return "\n".join(rows)
+    return "\n".join(rows).replace(COMMAND, command)
 
 
 if __name__ == "__main__":
-    print(markdown_table())
+    import sys
+
+    print(markdown_table(*sys.argv[1:2]))

@@ -3,12 +3,13 @@
 Any output works: a tensor, a tuple or list of tensors, or a dict of them (also
 per-sample lists, such as ids). Columns are named after the dict keys, or
 `output` / `output_<i>` for unnamed outputs; a value with several numbers per
-sample (class probabilities) gets one column each, `<name>_<j>`. A module that
-wants other columns defines `prediction_columns(outputs) -> dict[str, values]`.
+sample (class probabilities) gets one column each, `<name>_<j>`. A project that
+wants other columns names a function in `Project.prediction_columns`
+(`outputs -> dict[str, values]`).
 """
 
 import csv
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,8 @@ class PredictionWriter(BasePredictionWriter):
     def __init__(self, output: str = "predictions.csv") -> None:
         super().__init__(write_interval="epoch")
         self.output = output
+        # Project.prediction_columns, set by the CLI; None: the kit's own columns.
+        self.columns: Callable[[Any], Mapping[str, Any]] | None = None
 
     def path(self, trainer: Trainer) -> Path:
         path = Path(self.output)
@@ -78,7 +81,7 @@ class PredictionWriter(BasePredictionWriter):
         # batch when there is one dataloader.
         if len(batch_indices) != 1:
             raise ValueError(f"one predict dataloader can be written, not {len(batch_indices)}")
-        own_columns = getattr(pl_module, "prediction_columns", None)
+        own_columns = self.columns
         header: list[str] | None = None
         rows = []
         for outputs, indices in zip(predictions, batch_indices[0], strict=True):

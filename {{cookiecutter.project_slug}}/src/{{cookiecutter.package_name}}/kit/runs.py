@@ -23,6 +23,8 @@ from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import DummyLogger, rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_info
 
+from .internals import filesystem, open_experiment, set_experiment
+
 
 def _init_args(logger: Any) -> Any | None:
     """The init_args of a logger given in the config as class_path/init_args, else None."""
@@ -258,10 +260,10 @@ class FinishRun(Callback):
 
 def end_logger_run(logger: Any) -> None:
     """Finish the W&B run a logger holds, if it holds one."""
-    finish = getattr(getattr(logger, "_experiment", None), "finish", None)
+    finish = getattr(open_experiment(logger), "finish", None)
     if callable(finish):
         finish()
-        logger._experiment = None
+        set_experiment(logger, None)
 
 
 def end_open_runs() -> None:
@@ -275,8 +277,9 @@ def end_open_runs() -> None:
 class _ContinuingWriter(ExperimentWriter):
     def _check_log_dir_exists(self) -> None:
         # Lightning's writer deletes an existing metrics.csv; a continued run appends to it.
-        if self._fs.isfile(self.metrics_file_path):
-            with self._fs.open(self.metrics_file_path, "r", newline="") as file:
+        fs = filesystem(self)
+        if fs.isfile(self.metrics_file_path):
+            with fs.open(self.metrics_file_path, "r", newline="") as file:
                 self.metrics_keys = next(csv.reader(file), [])
 
 
@@ -286,7 +289,7 @@ class CSVLogger(LightningCSVLogger):
     @property
     @rank_zero_experiment
     def experiment(self) -> ExperimentWriter:
-        if self._experiment is None:
-            self._fs.makedirs(self.root_dir, exist_ok=True)
-            self._experiment = _ContinuingWriter(log_dir=self.log_dir)
-        return self._experiment
+        if open_experiment(self) is None:
+            filesystem(self).makedirs(self.root_dir, exist_ok=True)
+            set_experiment(self, _ContinuingWriter(log_dir=self.log_dir))
+        return open_experiment(self)

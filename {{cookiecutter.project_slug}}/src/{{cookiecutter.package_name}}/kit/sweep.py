@@ -1,24 +1,25 @@
-"""`{{ cookiecutter.project_slug }} sweep`: an Optuna study over any flags of `fit`.
+"""`<command> sweep`: an Optuna study over any flags of `fit`.
 
-    {{ cookiecutter.project_slug }} sweep                          # configs/sweep.yaml, 20 trials
-    {{ cookiecutter.project_slug }} sweep --trials 50 --workers 4  # 4 trials at once on this machine
-    {{ cookiecutter.project_slug }} sweep --storage postgresql://user:secret@db-host/sweeps
-    {{ cookiecutter.project_slug }} sweep --trials 30 -- --config configs/gpu.yaml --trainer.max_epochs 10
+    <command> sweep                          # configs/sweep.yaml, 20 trials
+    <command> sweep --trials 50 --workers 4  # 4 trials at once on this machine
+    <command> sweep --storage postgresql://user:secret@db-host/sweeps
+    <command> sweep --trials 30 -- --config configs/gpu.yaml --trainer.max_epochs 10
 
 The search space is a YAML file (`--space`): each flag of `fit` with its
 distribution. Each trial is a real `fit`, with the flags after `--` and then
 the trial's own, in a run directory of its own under `sweeps/<study>/`. After
-every validation it reports the project's monitored metric (`MONITOR` in
-project.py, better as `MODE` says) to the study, and Optuna's Lightning
+every validation it reports the project's monitored metric (`monitor` of the
+Project, better as its `mode` says) to the study, and Optuna's Lightning
 callback stops a trial that the pruner finds unpromising. A trial's score is
 the best value of the metric, the one its best checkpoint was kept for.
 
 The study lives in its storage (by default the SQLite file
 `sweeps/<study>/study.db`). `--trials` counts the study's finished trials,
 whoever ran them: the same command again continues the study, and the same
-command on several machines sharing one storage divides the work. A trial
-whose process died (SIGKILL, a lost node) is marked FAIL and its flags are
-tried again, continuing its run from its last checkpoint; so is a trial that
+command on several machines sharing one storage divides the work. Each worker
+runs Optuna's `study.optimize`, with its heartbeat: a trial whose process died
+(SIGKILL, a lost node) is marked FAIL and Optuna's retry callback queues its
+flags again, continuing its run from its last checkpoint; so is a trial that
 SIGTERM or Ctrl-C stopped.
 
 At the end it prints a table of the trials and writes, in the study's
@@ -34,23 +35,26 @@ import os
 import signal
 import socket
 import sys
-import threading
 import time
 import traceback
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-SLUG = "{{ cookiecutter.project_slug }}"
+from .stopping import STOP, Interrupted, SweepError, on_signal
+
+if TYPE_CHECKING:  # (importing it would import torch: `sweep --help` answers without)
+    from .spec import Project
+
 DEFAULT_SPACE = Path("configs/sweep.yaml")
 SWEEPS = Path("sweeps")
 SAMPLERS = ("tpe", "random", "qmc", "grid")
 PRUNERS = ("median", "hyperband", "threshold", "none")
-# A worker writes a heartbeat into its running trial every HEARTBEAT_S; a trial
-# of another machine not heard from for STALE_AFTER_S is taken for dead. (One of
-# this machine is dead as soon as its process is gone.)
-HEARTBEAT_S = 30.0
-STALE_AFTER_S = 300.0
+# Optuna's heartbeat: each running trial's worker beats every HEARTBEAT_S, and a
+# trial not heard from for GRACE_S is marked FAIL (on any machine). One of this
+# machine is failed as soon as its process is gone.
+HEARTBEAT_S = 30
+GRACE_S = 300
 # What every trial's fit gets first (the flags after -- can set them back): one
 # line per trial from the sweep instead of a progress bar and a model summary.
 TRIAL_DEFAULTS = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
@@ -60,40 +64,11 @@ RETRIES = 2
 FAILURES_IN_A_ROW = 3
 
 
-class SweepError(ValueError):
-    """A sweep that cannot start or go on; the message says why and what to change."""
-
-
-class Interrupted(KeyboardInterrupt):
-    """SIGTERM or Ctrl-C stopped the sweep; `code` is the exit code (128 + the signal)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.code = 128 + signum
-
-
-class _Stop:
-    """The stop signal this process received, and whether Lightning handles SIGTERM now."""
-
-    signum: int | None = None
-    fitting = False
-
-
-STOP = _Stop()
-
-
-def _on_signal(signum: int, frame) -> None:
-    STOP.signum = signum
-    if STOP.fitting and signum == signal.SIGTERM:
-        return  # Lightning ends the fit after the current batch (and saves interrupted.ckpt)
-    raise Interrupted(signum)
-
-
-def parser() -> argparse.ArgumentParser:
+def parser(command: str = "<command>") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=f"{SLUG} sweep",
+        prog=f"{command} sweep",
         description="An Optuna study over flags of `fit`: each trial a real fit, the metric"
-        " and its direction from project.py (MONITOR, MODE), unpromising trials pruned.",
+        " and its direction from project.py (Project.monitor, .mode), unpromising trials pruned.",
         epilog="Flags after `--` (and any flag not listed above) go to every trial's `fit`,"
         " e.g. `-- --config configs/gpu.yaml --trainer.max_epochs 10`. Run the same command"
         " again to continue the study; run it on several machines with one --storage to share"
@@ -164,9 +139,9 @@ def parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+def parse(argv: list[str], command: str = "<command>") -> tuple[argparse.Namespace, list[str]]:
     """The sweep's own options, and the flags that go to every trial's fit."""
-    options, fit_args = parser().parse_known_args(argv)
+    options, fit_args = parser(command).parse_known_args(argv)
     if "--" in fit_args:  # (where argparse leaves it depends on the Python version)
         fit_args.remove("--")
     problems = []
@@ -179,7 +154,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     if (options.pruner == "threshold") != (options.threshold is not None):
         problems.append("--threshold goes with --pruner threshold, and that pruner needs it")
     if problems:
-        parser().error("; ".join(problems))
+        parser(command).error("; ".join(problems))
     return options, fit_args
 
 
@@ -300,31 +275,94 @@ def grid_of(space: dict[str, Any]) -> dict[str, list]:
 # Storage and study -----------------------------------------------------------
 
 
-def open_storage(url: str):
-    """An Optuna storage: a database URL, or a journal file (safe on NFS and the like)."""
+def open_storage(url: str, on_stale):
+    """An Optuna storage with heartbeats: a database URL, or a journal file (safe on NFS
+    and the like). `on_stale(study, trial)` hears of each trial it marked FAIL as dead."""
     import optuna
+    from optuna.storages.journal import JournalFileBackend
 
-    if "://" not in url:
-        from optuna.storages.journal import JournalFileBackend, JournalStorage
-
-        Path(url).parent.mkdir(parents=True, exist_ok=True)
-        return JournalStorage(JournalFileBackend(url))
-    if url.startswith("sqlite:///"):
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-        # Workers wait for each other's writes instead of failing with "database is locked".
-        wait = {"timeout": 120}
-        engine_kwargs = {"connect_args": wait}
-    else:
-        engine_kwargs = {"pool_pre_ping": True}
-    for attempt in range(3):
-        try:
-            return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
-        except ImportError:
-            raise
-        except Exception:  # several machines creating the tables at once: one wins
-            if attempt == 2:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        if "://" not in url:
+            Path(url).parent.mkdir(parents=True, exist_ok=True)
+            return _storage_classes()[1](JournalFileBackend(url), on_stale)
+        if url.startswith("sqlite:///"):
+            Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+            # Workers wait for each other's writes instead of failing with "database is locked".
+            engine_kwargs = {"connect_args": dict(timeout=120)}
+        else:
+            engine_kwargs = {"pool_pre_ping": True}
+        database = _storage_classes()[0]
+        for attempt in range(3):
+            try:
+                return database(
+                    url,
+                    engine_kwargs=engine_kwargs,
+                    heartbeat_interval=HEARTBEAT_S,
+                    grace_period=GRACE_S,
+                    heartbeat_stale_trial_callback=on_stale,
+                )
+            except ImportError:
                 raise
-            time.sleep(1.0 + attempt)
+            except Exception:  # several machines creating the tables at once: one wins
+                if attempt == 2:
+                    raise
+                time.sleep(1.0 + attempt)
+
+
+def _storage_classes():
+    """The storages the sweep uses: Optuna's, each failing dead trials at once."""
+    from optuna.storages import RDBStorage
+    from optuna.storages._heartbeat import BaseHeartbeat
+    from optuna.storages.journal import JournalStorage
+    from optuna.trial import TrialState
+
+    class FailGone:
+        # Optuna waits out the grace period even for a process known to be gone.
+        def _get_stale_trial_ids(self, study_id: int) -> list[int]:
+            stale = super()._get_stale_trial_ids(study_id)
+            for trial in self.get_all_trials(study_id, False, states=(TrialState.RUNNING,)):
+                trial_id = self.get_trial_id_from_study_id_trial_number(study_id, trial.number)
+                if trial_id not in stale and process_gone(trial):
+                    stale.append(trial_id)
+            return stale
+
+    class Database(FailGone, RDBStorage):
+        pass
+
+    class JournalHeartbeat(JournalStorage, BaseHeartbeat):
+        # Optuna's journal storage has no heartbeat: this one keeps it in the trial.
+        def __init__(self, backend, on_stale) -> None:
+            super().__init__(backend)
+            self.on_stale = on_stale
+
+        def record_heartbeat(self, trial_id: int) -> None:
+            try:
+                self.set_trial_system_attr(trial_id, "heartbeat", time.time())
+            except Exception:  # finished meanwhile, or the file is busy: the next beat tries
+                pass
+
+        def _get_stale_trial_ids(self, study_id: int) -> list[int]:
+            now, stale = time.time(), []
+            for trial in self.get_all_trials(study_id, False, states=(TrialState.RUNNING,)):
+                # (a trial tried again starts with its failed trial's last beat)
+                beat = max(trial.system_attrs.get("heartbeat", 0), trial.datetime_start.timestamp())
+                if "heartbeat" in trial.system_attrs and now - beat > GRACE_S:
+                    stale.append(
+                        self.get_trial_id_from_study_id_trial_number(study_id, trial.number)
+                    )
+            return stale
+
+        def get_heartbeat_interval(self) -> int:
+            return HEARTBEAT_S
+
+        def get_heartbeat_stale_trial_callback(self):
+            return self.on_stale
+
+    class Journal(FailGone, JournalHeartbeat):
+        pass
+
+    return Database, Journal
 
 
 def shown(url: str) -> str:
@@ -371,31 +409,26 @@ def process_alive(pid: int, started: str | None) -> bool:
     return started is None or process_start(pid) in (None, started)
 
 
-class Heartbeat:
-    """Writes the time into a running trial every HEARTBEAT_S, so other machines see it live."""
+def process_gone(trial) -> bool:
+    """Whether `trial` was running on this machine in a process that has ended."""
+    owner = trial.user_attrs.get("process")
+    # (a trial tried again starts with its failed trial's attributes, which name that trial)
+    if not owner or owner["trial"] != trial.number or owner["host"] != socket.gethostname():
+        return False
+    return not process_alive(owner["pid"], owner["start"])
 
-    def __init__(self, trial) -> None:
-        self._trial = trial
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name="sweep-heartbeat", daemon=True)
-        self._thread.start()
 
-    def _beat(self) -> None:
-        while not self._stop.wait(HEARTBEAT_S):
-            try:
-                self._trial.set_user_attr("alive_at", time.time())
-            except Exception:  # the storage is busy or gone: the next beat tries again
-                pass
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
+class TrialFailed(Exception):
+    """A trial's fit failed with an error (printed): the study records it FAIL, and goes on."""
 
 
 class Sweep:
     """One sweep command: its options, its space, its study; what each worker runs."""
 
-    def __init__(self, options: argparse.Namespace, fit_args: list[str]) -> None:
+    def __init__(
+        self, options: argparse.Namespace, fit_args: list[str], project: "Project"
+    ) -> None:
+        self.project = project
         self.options = options
         self.fit_args = list(fit_args)
         self.space = read_space(options.space)
@@ -404,11 +437,12 @@ class Sweep:
         self.storage_url = options.storage or f"sqlite:///{(self.folder / 'study.db').as_posix()}"
         if options.sampler == "grid":
             self.grid = grid_of(self.space)
-        from {{ cookiecutter.package_name }}.project import MODE, MONITOR
-
-        self.monitor = MONITOR
-        self.direction = "maximize" if MODE == "max" else "minimize"
+        self.monitor = project.monitor
+        self.direction = "maximize" if project.mode == "max" else "minimize"
         self.worker: int | None = None  # set in the process that runs trials
+        self.current: int | None = None  # the number of the trial this process runs
+        self.failures = 0  # trials of this process in a row that failed with an error
+        self.code = 0
 
     def say(self, line: str) -> None:
         several = self.options.workers > 1 and self.worker is not None
@@ -427,12 +461,7 @@ class Sweep:
             return optuna.samplers.RandomSampler(seed=seed)
         if name == "qmc":
             return optuna.samplers.QMCSampler(seed=seed)
-
-        class Grid(optuna.samplers.GridSampler):
-            def after_trial(self, study, trial, state, values) -> None:
-                pass  # (it would stop the study, which the sweep's own loop does)
-
-        return Grid(self.grid, seed=seed)
+        return optuna.samplers.GridSampler(self.grid, seed=seed)
 
     def pruner(self):
         import optuna
@@ -453,9 +482,10 @@ class Sweep:
         """The study (created on first use), and its storage."""
         import optuna
 
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        # The sweep says how each trial went, and prints its errors with their hints.
+        optuna.logging.set_verbosity(optuna.logging.ERROR)
         try:
-            storage = open_storage(self.storage_url)
+            storage = open_storage(self.storage_url, self.on_stale)
         except Exception as error:
             raise SweepError(
                 f"cannot open the storage {shown(self.storage_url)}:"
@@ -502,22 +532,29 @@ class Sweep:
     def work(self, worker: int = 0, study=None) -> int:
         """Run trials until the study has enough; returns the exit code. A worker
         process opens the study itself (its own connection); else pass it."""
+        from optuna.exceptions import UpdateFinishedTrialError
+        from optuna.study import MaxTrialsCallback
+
         self.worker = worker
-        previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
             if study is None:
                 study, _ = self.open_study()
-            failures = 0
-            while self.wants_more(study):
-                failed = self.run_trial(study)
-                failures = failures + 1 if failed else 0
-                if failures >= FAILURES_IN_A_ROW:
-                    self.say(f"stopping: {failures} trials in a row failed (errors above)")
-                    return 1
-                if STOP.signum is not None:
-                    raise Interrupted(STOP.signum)
-            return 0
+            # RUNNING counts too: workers sharing the study start no more trials than it needs.
+            enough = MaxTrialsCallback(self.options.trials, states=self.counted())
+            while self.code == 0 and self.wants_more(study):
+                try:
+                    study.optimize(
+                        self.objective, catch=(TrialFailed,), callbacks=[self.after_trial, enough]
+                    )
+                except UpdateFinishedTrialError as refused:  # another worker took it for dead
+                    self.say(f"trial {self.current}: its result could not be recorded: {refused}")
+            return self.code
         except Interrupted as stop:
+            # (one stopped before Optuna could tell the study is failed as dead on the next run)
+            stopped = None if self.current is None else study.get_trials()[self.current]
+            if stopped is not None and stopped.state.name == "FAIL":
+                self.retry(study, stopped)
             self.say(
                 f"stopped by {stop}: the trial it interrupted is marked FAIL and its flags"
                 " will be tried again; run the same command to continue the study"
@@ -530,12 +567,22 @@ class Sweep:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
 
-    def wants_more(self, study) -> bool:
+    @staticmethod
+    def counted() -> tuple:
+        """The states of the trials that --trials counts."""
         from optuna.trial import TrialState
 
-        self.fail_dead_trials(study)
-        counted = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
-        if len(study.get_trials(deepcopy=False, states=counted)) >= self.options.trials:
+        return (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+
+    def wants_more(self, study) -> bool:
+        """Whether to start trials; first, mark FAIL the dead ones and queue their flags."""
+        import optuna
+        from optuna.trial import TrialState
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(study)
+        if len(study.get_trials(deepcopy=False, states=self.counted())) >= self.options.trials:
             return False
         if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
             return True
@@ -544,110 +591,80 @@ class Sweep:
             return False
         return True
 
-    def fail_dead_trials(self, study, now: float | None = None) -> None:
-        """Mark FAIL the running trials whose process is gone, and queue their flags again."""
-        from optuna.trial import TrialState
+    def on_stale(self, study, trial) -> None:
+        """The storage marked `trial` FAIL as dead: say why, and queue its flags again."""
+        owner = trial.user_attrs.get("process", {})
+        if process_gone(trial):
+            why = f"its process ({owner['pid']}) ended"
+        else:
+            why = f"its worker on {owner.get('host', '?')} was not heard from for {GRACE_S} s"
+        self.say(f"trial {trial.number} marked FAIL: {why} before it finished")
+        self.retry(study, trial)
 
-        host = socket.gethostname()
-        now = time.time() if now is None else now
-        for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            attrs = trial.user_attrs
-            started = trial.datetime_start.timestamp() if trial.datetime_start else now
-            alive_at = float(attrs.get("alive_at", 0.0))
-            claimed = alive_at >= started  # (a retry starts with its failed trial's attrs)
-            if claimed and attrs.get("host") == host:
-                dead = not process_alive(int(attrs["pid"]), attrs.get("pid_start"))
-                why = f"its process ({attrs['pid']}) ended"
-            else:
-                dead = now - max(alive_at, started) > STALE_AFTER_S
-                why = f"its worker on {attrs.get('host', '?')} has not been heard from"
-            if not dead:
-                continue
-            try:
-                study.tell(trial.number, state=TrialState.FAIL)
-            except (RuntimeError, ValueError):  # another worker got there first
-                continue
-            self.say(f"trial {trial.number} marked FAIL: {why} before it finished")
-            self.retry(study, trial.number)
-
-    def retry(self, study, number: int) -> None:
-        """Queue the flags of the failed trial `number` again (they did not fail it)."""
+    def retry(self, study, trial) -> None:
+        """Queue the flags of the failed `trial` again (they did not fail it), continuing
+        its run and its reported values; up to RETRIES times."""
         import optuna
-        from optuna.trial import TrialState
+        from optuna.storages import RetryHeartbeatStaleTrialCallback
 
-        (failed,) = [t for t in study.get_trials(deepcopy=False) if t.number == number]
-        retries = int(failed.user_attrs.get("retries", 0))
-        if retries >= RETRIES:
-            self.say(f"trial {number}: its flags were tried {retries + 1} times; not again")
+        tried = len(trial.system_attrs.get("retry_history", [])) + 1
+        if tried > RETRIES:
+            self.say(f"trial {trial.number}: its flags were tried {tried} times; not again")
             return
-        attrs = {**failed.user_attrs, "retry_of": number, "retries": retries + 1}
-        study.add_trial(
-            optuna.create_trial(
-                state=TrialState.WAITING,
-                params=failed.params,
-                distributions=failed.distributions,
-                user_attrs=attrs,
-                intermediate_values=failed.intermediate_values,
-            )
-        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            again = RetryHeartbeatStaleTrialCallback(RETRIES, inherit_intermediate_values=True)
+        again(study, trial)
 
-    def run_trial(self, study) -> bool:
-        """Ask for a trial, fit it, tell the study how it went; True if it failed."""
+    def objective(self, trial) -> float:
+        """A trial's fit with its flags (continuing the run of the trial it is tried again
+        for, if any); its score."""
         import optuna
-        from optuna.trial import TrialState
 
-        from {{ cookiecutter.package_name }}.kit.hints import explain
-        from {{ cookiecutter.package_name }}.kit.trial import fit_trial
+        from .hints import explain
+        from .trial import fit_trial
 
-        trial = study.ask()
+        self.current = trial.number
         pid = os.getpid()
-        for key, value in {
-            "host": socket.gethostname(),
-            "pid": pid,
-            "pid_start": process_start(pid),
-            "worker": self.worker,
-            "alive_at": time.time(),
-        }.items():
-            trial.set_user_attr(key, value)
-        values = suggest(trial, self.space)
-        flags = as_flags(values)
-        retry_of = trial.user_attrs.get("retry_of")
-        resume = trial.user_attrs.get("run") if retry_of is not None else None
-        again = f" (trial {retry_of} again, continuing {resume})" if resume else ""
+        host = socket.gethostname()
+        owner = {"host": host, "pid": pid, "start": process_start(pid), "trial": trial.number}
+        trial.set_user_attr("process", owner)
+        trial.set_user_attr("worker", self.worker)
+        flags = as_flags(suggest(trial, self.space))
+        frozen = trial.study.get_trials(deepcopy=False)[trial.number]
+        history = frozen.system_attrs.get("retry_history", [])
+        resume = trial.user_attrs.get("run") if history else None
+        again = f" (trial {history[-1]} again, continuing {resume})" if resume else ""
         self.say(f"trial {trial.number}: {' '.join(flags) or '(no flags)'}{again}")
-        beat = Heartbeat(trial)
-        value, state, error = None, TrialState.COMPLETE, None
+        args = TRIAL_DEFAULTS + self.fit_args + flags
         try:
-            value = fit_trial(trial, TRIAL_DEFAULTS + self.fit_args + flags, self.folder, resume)
-        except optuna.TrialPruned:
-            state = TrialState.PRUNED
-        except (Interrupted, SweepError) as stop:
-            state, error = TrialState.FAIL, stop
+            return fit_trial(self.project, trial, args, self.folder, resume)
+        except (optuna.TrialPruned, Interrupted, SweepError):
+            raise
         except Exception as failure:
-            state = TrialState.FAIL
             traceback.print_exc()
-            hint = explain(failure)
+            hint = explain(failure, command=self.project.command)
             if hint:
                 print(hint, file=sys.stderr)
             self.say(f"trial {trial.number} failed: {type(failure).__name__}: {failure}")
-        finally:
-            beat.stop()
-        try:
-            if state == TrialState.COMPLETE:
-                frozen = study.tell(trial, value)
-            else:  # a pruned trial's value is its last reported one
-                frozen = study.tell(trial, state=state)
-        except (RuntimeError, ValueError) as refused:  # another worker took it for dead
-            self.say(f"trial {trial.number}: its result could not be recorded: {refused}")
-            if error is not None:
-                raise error from refused
-            return True
-        if isinstance(error, Interrupted):
-            self.retry(study, trial.number)
-        if error is not None:
-            raise error
-        self.say(f"trial {trial.number} {frozen.state.name}: {self.describe(frozen)}")
-        return state == TrialState.FAIL
+            raise TrialFailed(str(failure)) from failure
+
+    def after_trial(self, study, trial) -> None:
+        """After each trial of this process: say how it went; stop after too many errors."""
+        from optuna.trial import TrialState
+
+        self.current = None
+        if trial.state != TrialState.FAIL:
+            self.failures = 0
+            self.say(f"trial {trial.number} {trial.state.name}: {self.describe(trial)}")
+        else:
+            self.failures += 1
+            if self.failures >= FAILURES_IN_A_ROW:
+                self.say(f"stopping: {self.failures} trials in a row failed (errors above)")
+                self.code = 1
+                study.stop()
+        if STOP.signum is not None:
+            raise Interrupted(STOP.signum)
 
     def describe(self, trial) -> str:
         value = "-" if trial.value is None else f"{trial.value:.6g}"
@@ -711,8 +728,9 @@ class Sweep:
             {name for t in trials for name in t.params} - set(self.space)
         )
         header = ["#", "state", self.monitor, "epochs", *names, "run", "note"]
-        again = {t.user_attrs["retry_of"]: t.number for t in trials if "retry_of" in t.user_attrs}
+        again = {t.system_attrs["retry_history"][-1]: t.number for t in trials if retried(t)}
         rows = [self.row(trial, names, again.get(trial.number)) for trial in trials]
+        # (study.trials_dataframe() would do, but needs pandas, which the project does not.)
         print(table(header, rows))
         self.folder.mkdir(parents=True, exist_ok=True)
         with open(self.folder / "trials.csv", "w", newline="") as file:
@@ -734,11 +752,12 @@ class Sweep:
             f"# The best trial of the study '{self.name}': #{best.number},"
             f" {self.monitor} = {best.value:.6g} ({self.direction}).\n"
             f"# Its flags: {flags}\n"
-            f"# Train it again: {SLUG} fit --config {path.as_posix()}\n"
+            f"# Train it again: {self.project.command} fit --config {path.as_posix()}\n"
             + best.user_attrs.get("config", "")
         )
         self.say(f"best: trial {best.number}, {self.monitor} = {best.value:.6g}: {flags}")
-        self.say(f"its config: {path} (train it again: {SLUG} fit --config {path.as_posix()})")
+        again = f"{self.project.command} fit --config {path.as_posix()}"
+        self.say(f"its config: {path} (train it again: {again})")
         self.plot(study)
         return True
 
@@ -749,8 +768,8 @@ class Sweep:
             for name in names
         ]
         note = []
-        if trial.user_attrs.get("retry_of") is not None:
-            note.append(f"#{trial.user_attrs['retry_of']} again")
+        if retried(trial):
+            note.append(f"#{trial.system_attrs['retry_history'][-1]} again")
         if tried_again is not None:
             note.append(f"tried again as #{tried_again}")
         return [
@@ -791,6 +810,11 @@ class Sweep:
                 self.say(f"no {filename}: {error}")
         if written:
             self.say(f"plots: {', '.join(written)}")
+
+
+def retried(trial) -> bool:
+    """Whether `trial` runs again the flags of a failed one (Optuna's retry history)."""
+    return bool(trial.system_attrs.get("retry_history"))
 
 
 def round_float(value: Any) -> Any:
@@ -840,9 +864,9 @@ def _worker_main(sweep: Sweep, index: int, gpu: str | None, cpus: set[int] | Non
     sys.exit(sweep.work(index))
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None, project: "Project") -> int:
     """The sweep command; returns the exit code (2: a bad space or option, 130/143: stopped)."""
-    options, fit_args = parse(sys.argv[1:] if argv is None else argv)
+    options, fit_args = parse(sys.argv[1:] if argv is None else argv, project.command)
     try:
         import optuna  # noqa: F401
         import optuna_integration  # noqa: F401
@@ -854,7 +878,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     try:
-        sweep = Sweep(options, fit_args)
+        sweep = Sweep(options, fit_args, project)
         study, storage = sweep.open_study()
         sweep.record_setup(study)
     except SweepError as error:

@@ -20,10 +20,11 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from optuna.trial import Trial
 from optuna_integration import PyTorchLightningPruningCallback
 
-from {{ cookiecutter.package_name }}.kit.cli import ProjectCLI, main
-from {{ cookiecutter.package_name }}.kit.runs import continue_run, place_new_runs, run_directory
-from {{ cookiecutter.package_name }}.kit.sweep import STOP, Interrupted, SweepError
-from {{ cookiecutter.package_name }}.project import MONITOR
+from .cli import ProjectCLI, main
+from .internals import subcommand_parser
+from .runs import continue_run, place_new_runs, run_directory
+from .spec import Project
+from .stopping import STOP, Interrupted, SweepError
 
 
 class TrialCLI(ProjectCLI):
@@ -38,7 +39,8 @@ class TrialCLI(ProjectCLI):
     def place_run(self, config) -> None:
         # The config as the command line makes it, before the run is placed:
         # `fit --config` with it trains the same model again, as a run of its own.
-        self.trial.set_user_attr("config", self._parser("fit").dump(config, skip_none=False))
+        dumped = subcommand_parser(self, "fit").dump(config, skip_none=False)
+        self.trial.set_user_attr("config", dumped)
         trainer = config.get("trainer", {})
         logger = trainer.get("logger")
         if self.resume and continue_run(logger, Path(self.resume)):
@@ -69,33 +71,36 @@ class TrialRecord(Callback):
         STOP.fitting = False
 
 
-def best_score(trainer: Trainer) -> float:
-    """The trial's score: the best value of MONITOR, as the checkpoint callback kept it."""
+def best_score(trainer: Trainer, monitor: str) -> float:
+    """The trial's score: the best value of `monitor`, as the checkpoint callback kept it."""
     callback = trainer.checkpoint_callback
     score = getattr(callback, "best_model_score", None)
-    if score is None or getattr(callback, "monitor", None) != MONITOR:
-        score = trainer.callback_metrics.get(MONITOR)
+    if score is None or getattr(callback, "monitor", None) != monitor:
+        score = trainer.callback_metrics.get(monitor)
     if score is None:
         raise RuntimeError(
-            f"the run logged no '{MONITOR}', which the study optimises: log it in"
-            " validation_step, or name the metric you log as MONITOR in project.py"
+            f"the run logged no '{monitor}', which the study optimises: log it in"
+            " validation_step, or name the metric you log as Project.monitor in project.py"
         )
     return float(score)
 
 
-def fit_trial(trial: Trial, args: list[str], folder: Path, resume: str | None) -> float:
+def fit_trial(
+    project: Project, trial: Trial, args: list[str], folder: Path, resume: str | None
+) -> float:
     """Fit with `args` (the sweep's fit flags, then the trial's); the trial's score.
 
     Raises optuna.TrialPruned when pruned, Interrupted when SIGTERM or Ctrl-C
     stopped it, SweepError when fit refused the flags.
     """
     cli_class = partial(TrialCLI, trial=trial, folder=folder, resume=resume)
-    callbacks = [PyTorchLightningPruningCallback(trial, monitor=MONITOR), TrialRecord(trial)]
+    monitor = project.monitor
+    callbacks = [PyTorchLightningPruningCallback(trial, monitor=monitor), TrialRecord(trial)]
     try:
         with warnings.catch_warnings():
             # The sweep's own command line is not the trial's: that is intended.
             warnings.filterwarnings("ignore", "LightningCLI's args parameter is intended")
-            cli = main(["fit", *args], callbacks=callbacks, cli_class=cli_class)
+            cli = main(["fit", *args], project, callbacks=callbacks, cli_class=cli_class)
     except SIGTERMException as stop:
         raise Interrupted(signal.SIGTERM) from stop
     except SystemExit as stop:  # Lightning's end of a Ctrl-C, or a refused flag
@@ -108,7 +113,7 @@ def fit_trial(trial: Trial, args: list[str], folder: Path, resume: str | None) -
     finally:
         STOP.fitting = False
     try:
-        return best_score(cli.trainer)
+        return best_score(cli.trainer, monitor)
     finally:
         del cli
         gc.collect()

@@ -1,0 +1,142 @@
+"""Every use the kit makes of a private name of Lightning or jsonargparse, in one place.
+
+Each is something the public API does not offer; each says what it is for and
+the release it was checked on (`CHECKED_ON`). tests/test_internals.py exercises
+every one, so a release that moves one fails there first, by name, rather than
+somewhere in a run. The private methods the kit overrides are listed in
+`OVERRIDDEN`, and the same test holds their signatures to the ones written here.
+"""
+
+import re
+from typing import Any
+
+from lightning.pytorch.utilities.model_summary import model_summary
+
+CHECKED_ON = {"lightning": "2.6.6", "jsonargparse": "4.53.0"}
+
+# Private methods the kit overrides, by the class that defines them: their names
+# and parameters, as checked on CHECKED_ON's releases.
+OVERRIDDEN = {
+    # Best and last share one write when they hold the same state (kit/checkpoints.py).
+    "lightning.pytorch.callbacks.ModelCheckpoint": {
+        "_save_checkpoint": ("self", "trainer", "filepath"),
+        "_save_last_checkpoint": ("self", "trainer", "monitor_candidates"),
+    },
+    # The kit's callbacks become one, after Lightning's CLI made them (kit/cli.py).
+    "lightning.pytorch.cli.LightningCLI": {
+        "_instantiate_trainer": ("self", "config", "callbacks"),
+    },
+    # A continued run appends to its metrics.csv instead of deleting it (kit/runs.py).
+    "lightning.fabric.loggers.csv_logs._ExperimentWriter": {
+        "_check_log_dir_exists": ("self",),
+    },
+}
+
+
+def format_summary_table(*args: Any) -> str:
+    """ModelSummary's table from its columns: the kit's summary drops a column first
+    (FLOPs, when nothing counted them), and Lightning builds the table in one private step."""
+    return model_summary._format_summary_table(*args)
+
+
+# The training loop ------------------------------------------------------------
+
+
+def accumulating(trainer: Any) -> bool:
+    """Whether this batch only accumulates gradients (no optimizer step): Lightning
+    decides it in its epoch loop and exposes no flag for it."""
+    return trainer.fit_loop.epoch_loop._should_accumulate()
+
+
+def loggers_write_now(trainer: Any) -> bool:
+    """Whether the loggers write at the end of this step (every log_every_n_steps, and
+    the last): the logger connector decides it, and no public name says so."""
+    return bool(trainer._logger_connector.should_update_logs)
+
+
+def logging_step(trainer: Any) -> int:
+    """The step Lightning gives the metrics logged now: optimizer steps taken so far.
+    (`global_step` counts the steps of every optimizer, so it differs with several.)"""
+    return trainer.fit_loop.epoch_loop._batches_that_stepped
+
+
+# ModelCheckpoint ---------------------------------------------------------------
+
+
+def skips_saving(callback: Any, trainer: Any) -> bool:
+    """ModelCheckpoint's own rule for not saving now (sanity check, fast_dev_run, a
+    step already saved, ...), for a `last` saved outside its own hooks."""
+    return callback._should_skip_saving_checkpoint(trainer)
+
+
+def monitor_candidates(callback: Any, trainer: Any) -> dict[str, Any]:
+    """The metrics ModelCheckpoint formats file names with (epoch and step included)."""
+    return callback._monitor_candidates(trainer)
+
+
+def saves_at_train_epoch_end(callback: Any, trainer: Any) -> bool:
+    """Whether ModelCheckpoint saves at the training epoch's end rather than after
+    validation (it decides from val_check_interval and check_val_every_n_epoch)."""
+    return callback._should_save_on_train_epoch_end(trainer)
+
+
+def last_saved(callback: Any) -> tuple[str, int]:
+    """The file ModelCheckpoint wrote last and the global step it wrote it at: the
+    public `last_model_path` and `best_model_path` do not say which one came last."""
+    return callback._last_checkpoint_saved, callback._last_global_step_saved
+
+
+def note_saved(callback: Any, filepath: str) -> None:
+    """Tell ModelCheckpoint that `filepath` is the file it wrote last (the kit copied it)."""
+    callback._last_checkpoint_saved = filepath
+
+
+# Loggers -------------------------------------------------------------------------
+
+
+def filesystem(writer: Any) -> Any:
+    """The fsspec filesystem a CSV logger or its writer works on (local or remote)."""
+    return writer._fs
+
+
+def open_experiment(logger: Any) -> Any:
+    """The experiment a logger has started, or None: reading `.experiment` would start one."""
+    return getattr(logger, "_experiment", None)
+
+
+def set_experiment(logger: Any, experiment: Any) -> None:
+    """Give a logger its experiment (a writer of the kit's), or None to drop a finished
+    one so that the next use starts another."""
+    logger._experiment = experiment
+
+
+# The CLI -----------------------------------------------------------------------------
+
+
+def subcommand_parser(cli: Any, subcommand: str | None) -> Any:
+    """The parser LightningCLI built for `subcommand` (None: the CLI without subcommands),
+    to dump a config as it parsed it."""
+    return cli._parser(subcommand)
+
+
+# jsonargparse words a value of the wrong type like this; no structured error says it.
+_KEY = re.compile(r'Parser key "([^"]+)": (Does not validate|Expected a)')
+_GIVEN = re.compile(r"(?:Given|Got) value: (.*)$")
+_EXPECTED = re.compile(r"Expected a (.*?)(?= - Expected a | Given value type|\. Got value|$)")
+_CLASS = re.compile(r"<class '(?:\w+\.)*(\w+)'>")
+
+
+def wrong_type(text: str) -> tuple[str, str, list[str]] | None:
+    """(key, value given, types expected) from jsonargparse's message for a value of the
+    wrong type, or None for any other message."""
+    key, given = _KEY.match(text), _GIVEN.search(text)
+    if not key or not given:
+        return None
+    expected = []
+    for kind in _EXPECTED.findall(text):
+        if kind.startswith("typing.Literal["):
+            expected += [value.strip() for value in kind[15:-1].split(",")]
+        else:
+            name = _CLASS.sub(r"\1", kind)
+            expected.append("null" if name == "NoneType" else name)
+    return key.group(1), given.group(1), expected

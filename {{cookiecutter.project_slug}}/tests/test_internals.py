@@ -1,0 +1,156 @@
+"""Each private name of Lightning and jsonargparse the kit uses (kit/internals.py),
+exercised on the installed releases: one that moved fails here, by name.
+
+Run against a newer Lightning (`pip install -U lightning` in a scratch
+environment, then `pytest tests/test_internals.py`) to see whether the kit's
+upper bound on Lightning can rise.
+"""
+
+import importlib
+import inspect
+
+import pytest
+import torch
+import yaml
+from jsonargparse import ArgumentParser
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+from support import PROJECT, main
+from torch.utils.data import DataLoader, TensorDataset
+
+from {{ cookiecutter.package_name }}.kit import internals
+
+
+class Tiny(LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch, batch_idx):
+        return self.layer(batch[0]).pow(2).mean()
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val/loss", self.layer(batch[0]).pow(2).mean())
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class Probe(Callback):
+    """What the loop accessors say at each training batch's end."""
+
+    def __init__(self):
+        self.seen = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.seen.append(
+            (
+                internals.accumulating(trainer),
+                internals.loggers_write_now(trainer),
+                internals.logging_step(trainer),
+            )
+        )
+
+
+def loader(n: int = 8) -> DataLoader:
+    return DataLoader(TensorDataset(torch.randn(n, 2)), batch_size=1)
+
+
+@pytest.fixture
+def fitted(tmp_path):
+    probe = Probe()
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor="val/loss", save_last=True)
+    trainer = Trainer(
+        max_epochs=1,
+        accumulate_grad_batches=2,
+        log_every_n_steps=2,
+        logger=CSVLogger(tmp_path),
+        callbacks=[probe, checkpoint],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(Tiny(), loader(), loader(2))
+    return trainer, probe, checkpoint
+
+
+def test_the_loop_accessors(fitted):
+    trainer, probe, _ = fitted
+    # 8 batches, 2 accumulated a step: 4 optimizer steps, the loggers writing every 2nd.
+    assert [seen[0] for seen in probe.seen] == [True, False] * 4
+    steps = [seen[2] for seen in probe.seen if not seen[0]]
+    assert steps == [0, 1, 2, 3]  # the optimizer steps before each one, Lightning's x-axis
+    writes = [seen[1] for seen in probe.seen if not seen[0]]
+    assert writes == [False, True, False, True]
+    assert internals.logging_step(trainer) == trainer.global_step == 4
+
+
+def test_the_checkpoint_accessors(fitted):
+    trainer, _, checkpoint = fitted
+    path, step = internals.last_saved(checkpoint)
+    assert path in (checkpoint.last_model_path, checkpoint.best_model_path) and step == 4
+    internals.note_saved(checkpoint, checkpoint.best_model_path)
+    assert internals.last_saved(checkpoint)[0] == checkpoint.best_model_path
+    assert internals.skips_saving(checkpoint, trainer) is True  # this step is saved already
+    assert {"epoch", "step", "val/loss"} <= set(internals.monitor_candidates(checkpoint, trainer))
+    # Validation once an epoch: Lightning saves at the epoch's end, unless told otherwise.
+    assert internals.saves_at_train_epoch_end(checkpoint, trainer) is True
+    after = ModelCheckpoint(save_on_train_epoch_end=False)
+    assert internals.saves_at_train_epoch_end(after, trainer) is False
+
+
+def test_the_logger_accessors(tmp_path):
+    logger = CSVLogger(tmp_path)
+    assert internals.open_experiment(logger) is None  # nothing started by asking
+    writer = logger.experiment
+    assert internals.open_experiment(logger) is writer
+    assert internals.filesystem(logger).isdir(str(tmp_path))
+    assert internals.filesystem(writer).isdir(str(tmp_path))
+    internals.set_experiment(logger, None)
+    assert internals.open_experiment(logger) is None
+
+
+def test_the_summary_table(capsys):
+    modes = {"train": 1, "eval": 0}
+    columns = ((" ", ["0"]), ("Name", ["net"]))
+    table = internals.format_summary_table(1000, 900, 0.004, modes, 0, *columns)
+    assert "net" in table and "Trainable params" in table
+
+
+def test_the_subcommand_parser():
+    cli = main(["--trainer.logger=false"], run=False)  # no subcommand: the one parser
+    parser = internals.subcommand_parser(cli, None)
+    dumped = yaml.safe_load(parser.dump(cli.config, format="yaml"))
+    defaults = yaml.safe_load(PROJECT.defaults.read_text())  # read first, as by every command
+    assert dumped["trainer"]["max_epochs"] == defaults["trainer"]["max_epochs"]
+
+
+def test_the_words_of_a_wrong_type():
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--epochs", type=int | None)
+    with pytest.raises(Exception) as error:
+        parser.parse_args(["--epochs=many"])
+    text = " ".join(str(error.value).split())
+    assert internals.wrong_type(text) == ("epochs", "many", ["int", "null"])
+    assert internals.wrong_type("something else") is None
+
+
+@pytest.mark.parametrize(
+    ("where", "name"),
+    [(where, name) for where, methods in internals.OVERRIDDEN.items() for name in methods],
+)
+def test_each_overridden_private_method_is_as_written(where, name):
+    module, _, cls = where.rpartition(".")
+    method = getattr(getattr(importlib.import_module(module), cls), name)
+    parameters = tuple(inspect.signature(method).parameters)
+    assert parameters == internals.OVERRIDDEN[where][name]
+
+
+def test_the_release_checked_on_is_named():
+    import jsonargparse
+    import lightning
+
+    assert set(internals.CHECKED_ON) == {"lightning", "jsonargparse"}
+    versions = {"lightning": lightning.__version__, "jsonargparse": jsonargparse.__version__}
+    assert all(versions[name] for name in internals.CHECKED_ON)
