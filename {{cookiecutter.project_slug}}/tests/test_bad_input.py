@@ -4,9 +4,11 @@ Kit test: the inputs are the kit's (configs, flags, checkpoints, output paths),
 given to whatever model and data `project.py` names.
 """
 
+from dataclasses import replace
+
 import pytest
 import torch
-from support import made_a_run
+from support import PROJECT, made_a_run
 
 from {{ cookiecutter.package_name }}.__main__ import main
 
@@ -126,3 +128,18 @@ def test_an_output_that_cannot_be_written(trained_checkpoint, workdir, capfd):
     assert "error: cannot write m.pt in a-file/: a-file is a file, not a folder (" in err
     assert "Traceback" not in err
     assert sorted(p.name for p in workdir.iterdir()) == ["a-file"]
+
+
+@pytest.mark.parametrize("args", [["fit"], ["export", "--ckpt_path", "x.ckpt"], ["sweep"]])
+def test_a_project_py_the_kit_cannot_run_is_one_line(args, workdir, monkeypatch, capsys):
+    """A field of Project that refuses its value: one line naming it, exit 2, no run."""
+    from {{ cookiecutter.package_name }} import __main__ as entry
+
+    def described():
+        return replace(PROJECT, mode="maximum")  # what Project checks when it is made
+
+    monkeypatch.setattr(entry, "project", described)
+    assert command(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: project.py: Project.mode='maximum': expected 'min' or 'max'"]
+    assert not made_a_run(workdir)

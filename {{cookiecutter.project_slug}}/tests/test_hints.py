@@ -164,7 +164,7 @@ def test_asking_for_a_gpu_that_is_not_there(workdir, capfd):
     err = capfd.readouterr().err
     assert "No supported gpu backend found" in err
     assert "Hint: `CUDAAccelerator` can not run on your system" in err
-    assert "{{ cookiecutter.project_slug }} doctor` says which" in err
+    assert f"{PROJECT.command} doctor` says which" in err
 
 
 def free_port() -> int:

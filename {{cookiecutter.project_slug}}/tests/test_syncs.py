@@ -11,11 +11,13 @@ import pytest
 from host_syncs import SyncCounter
 from support import PROJECT, main
 
-# Two short epochs, logging every third step: steps that log, steps that do not,
-# and an epoch's start (where in-memory data copies its new order once).
+# 14 steps, logging every third: steps that log, steps that do not, and an epoch's
+# start (where in-memory data copies its new order once): two epochs of 7 batches, or
+# more epochs of fewer for data of fewer batches.
 FLAGS = [
     "fit",
-    "--trainer.max_epochs=2",
+    "--trainer.max_steps=14",
+    "--trainer.max_epochs=14",
     "--trainer.limit_train_batches=7",
     "--trainer.limit_val_batches=2",
     "--trainer.log_every_n_steps=3",

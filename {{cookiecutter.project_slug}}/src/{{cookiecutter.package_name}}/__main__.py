@@ -66,11 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     if first == "export":
         from .kit.export import main as export
 
-        return export(words[1:], project())
+        return with_project(export, words[1:])
     if first == "sweep":
         from .kit.sweep import main as sweep
 
-        return sweep(words[1:], project())
+        return with_project(sweep, words[1:])
     if first not in COMMANDS and not first.startswith("-"):
         close = difflib.get_close_matches(first, COMMANDS, n=1)
         guess = f" (did you mean '{close[0]}'?)" if close else ""
@@ -78,7 +78,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from .kit.cli import run
 
-    return run(argv, project())
+    return with_project(run, argv)
+
+
+def with_project(command, argv: list[str] | None) -> int:
+    """`command(argv, project)`; exit code 2 with one line when project.py describes a
+    project the kit cannot run (a field of Project refused its value)."""
+    try:
+        described = project()
+    except ValueError as error:
+        print(f"error: project.py: {error}", file=sys.stderr)
+        return 2
+    return command(argv, described)
 
 
 def console_main() -> None:
