@@ -9,15 +9,7 @@ POINTS = 48
 
 
 class TinyDataModule(SplitDataModule):
-    def __init__(
-        self,
-        batch_size: int = 64,
-        num_workers: int | None = None,
-        pin_memory: bool | None = None,
-        split_seed: int = 42,
-        predict_split: str = "test",
-    ):
-        super().__init__(batch_size, num_workers, pin_memory, split_seed, predict_split)
+    # SplitDataModule's own arguments, inherited: the shipped configs set some of them.
 
     def make_splits(self) -> dict[str, Dataset]:
         generator = torch.Generator().manual_seed(0)
