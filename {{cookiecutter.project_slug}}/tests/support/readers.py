@@ -92,7 +92,11 @@ def wandb_records(path: Path):
 def logged_scalars(run: Path) -> dict[str, list[float]]:
     """Every metric the run logged, by name, in logging order (W&B's offline run files)."""
     import json
+    import sys
 
+    if "wandb" in sys.modules:
+        # W&B's service, not the run, writes the run files: teardown waits until it has closed them.
+        sys.modules["wandb"].teardown()
     logged: dict[str, list[float]] = {}
     files = sorted((run.parent.parent / "wandb").glob(f"offline-run-*-{run.name}/run-*.wandb"))
     for path in files:
