@@ -44,7 +44,7 @@ SUITES = {
     "minimal-csv-no-cluster-no-ci-no-license": (
         {"example": "minimal", "logger": "csv", "cluster": False, "ci": False, "license": "none"},
         EVERY,
-        ["tests/test_cli.py", SIGKILL, SHORT_SWEEP],
+        ["tests/test_cli.py", SIGKILL, SHORT_SWEEP, "tests/test_resume.py"],
     ),
     "digits-mlflow": (
         {"logger": "mlflow"},

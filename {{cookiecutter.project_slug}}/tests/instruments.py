@@ -14,12 +14,17 @@ variables, which DDP's and torchrun's worker processes inherit:
   of epoch n, rank 0 writes the marker and waits there (for a signal); with
   INSTRUMENTS_PAUSE_FIT=<k>, only in the k-th fit (from 0) this process runs
   (a sweep runs one per trial);
+- INSTRUMENTS_PAUSE_STEP=<s> (with INSTRUMENTS_PAUSE_MARKER): the same, when step s
+  starts (mid-epoch), until a stop signal arrives;
+- INSTRUMENTS_PAUSE_VALIDATION=<n> (with INSTRUMENTS_PAUSE_MARKER): the same, when
+  epoch n's validation starts;
 - INSTRUMENTS_FAIL_RANK=<r> and INSTRUMENTS_FAIL_STEP=<s>: rank r raises at step s;
-- INSTRUMENTS_KILL_STEP=<s>: the process SIGKILLs itself when step s starts;
+- INSTRUMENTS_KILL_STEP=<s>: the process SIGKILLs itself when step s starts (with
+  INSTRUMENTS_KILL_GROUP=1, rank 0 SIGKILLs its whole process group: every rank);
 - INSTRUMENTS_KILL_SAVE=<k>: the process SIGKILLs itself half-way through writing
   the k-th checkpoint it saves (1 = the first);
 - INSTRUMENTS_FILL=<file> and INSTRUMENTS_FILL_EPOCH=<n>: at the start of epoch n,
-  fill the disk of <file> with it, leaving no room for the next checkpoint.
+  fill the disk of <file> with it, leaving room for half the last checkpoint.
 """
 
 import io
@@ -94,26 +99,49 @@ class Instruments(Callback):
         self._record(trainer, pl_module, "epoch_start")
         fill = os.environ.get("INSTRUMENTS_FILL")
         if fill and trainer.current_epoch == int(os.environ["INSTRUMENTS_FILL_EPOCH"]):
-            fill_disk(Path(fill))
+            last = trainer.checkpoint_callback.last_model_path
+            fill_disk(Path(fill), leave=os.path.getsize(last) // 2 if last else 0)
         pause = os.environ.get("INSTRUMENTS_PAUSE_EPOCH")
         fit = os.environ.get("INSTRUMENTS_PAUSE_FIT")
         if fit is not None and self.fit_index != int(fit):
             pause = None
         if pause and trainer.current_epoch == int(pause) and trainer.global_rank == 0:
-            marker = Path(os.environ["INSTRUMENTS_PAUSE_MARKER"])
-            marker.write_text(json.dumps({"global_step": trainer.global_step}))
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline and not trainer.received_sigterm:
-                time.sleep(0.05)
+            pause_until_stopped(trainer)
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        pause = os.environ.get("INSTRUMENTS_PAUSE_VALIDATION")
+        if pause and not trainer.sanity_checking and trainer.current_epoch == int(pause):
+            if trainer.global_rank == 0:
+                pause_until_stopped(trainer)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        pause = os.environ.get("INSTRUMENTS_PAUSE_STEP")
+        if pause and trainer.global_step == int(pause) and trainer.global_rank == 0:
+            pause_until_stopped(trainer)
         kill = os.environ.get("INSTRUMENTS_KILL_STEP")
         if kill and trainer.global_step == int(kill):
+            if os.environ.get("INSTRUMENTS_KILL_GROUP") and trainer.global_rank == 0:
+                os.killpg(os.getpgid(0), signal.SIGKILL)  # every rank, as a scheduler would
             os.kill(os.getpid(), signal.SIGKILL)
         rank = os.environ.get("INSTRUMENTS_FAIL_RANK")
         step = os.environ.get("INSTRUMENTS_FAIL_STEP")
         if rank and trainer.global_rank == int(rank) and trainer.global_step == int(step):
             raise RuntimeError(f"injected fault on rank {rank} at step {step}")
+
+
+def stop_requested(trainer) -> bool:
+    """Whether SIGTERM or a first Ctrl-C asked the fit to stop."""
+    parts = [p for c in trainer.callbacks for p in getattr(c, "parts", [c])]
+    return trainer.received_sigterm or any(getattr(p, "_ctrl_c", False) for p in parts)
+
+
+def pause_until_stopped(trainer) -> None:
+    """Write the pause marker, then wait (up to 120 s) for a stop signal."""
+    marker = Path(os.environ["INSTRUMENTS_PAUSE_MARKER"])
+    marker.write_text(json.dumps({"global_step": trainer.global_step}))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not stop_requested(trainer):
+        time.sleep(0.05)
 
 
 def kill_during_save(nth: int) -> None:
@@ -134,14 +162,16 @@ def kill_during_save(nth: int) -> None:
     torch.save = half_then_kill
 
 
-def fill_disk(path: Path) -> None:
-    """Write `path` until its filesystem is full (a small one, in the tests)."""
+def fill_disk(path: Path, leave: int = 0) -> None:
+    """Write `path` until its filesystem is full (a small one, in the tests), then give
+    back `leave` bytes: room for part of a checkpoint, so that its writer fails half-way."""
     with open(path, "wb", buffering=0) as file:
         try:
             while True:
                 file.write(b"\0" * 65536)
         except OSError:
             pass
+    os.truncate(path, max(0, path.stat().st_size - leave))
 
 
 def read_records(prefix: Path, event: str = "epoch_start") -> list[dict]:

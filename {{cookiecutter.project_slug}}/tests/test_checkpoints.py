@@ -153,6 +153,42 @@ def test_a_full_disk_is_one_error_naming_the_folder_and_its_free_space(tmp_path,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
 
 
+def test_a_disk_that_fills_inside_torchs_zip_writer_is_the_same_one_error(tmp_path, monkeypatch):
+    """torch.save reports a failed write as "RuntimeError: ... unexpected pos"; the
+    kit still names the disk's own error, whatever the checkpoint's size."""
+    target = tmp_path / "last.ckpt"
+    real_fdopen = os.fdopen
+
+    class FillsUp:
+        def __init__(self, file):
+            self.file, self.room = file, 100_000  # less than the checkpoint below
+
+        def write(self, data):
+            if len(data) > self.room:
+                raise OSError(28, "No space left on device")
+            self.room -= len(data)
+            return self.file.write(data)
+
+        def __getattr__(self, name):
+            return getattr(self.file, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return self.file.__exit__(*exc)
+
+    monkeypatch.setattr(
+        "{{ cookiecutter.package_name }}.kit.checkpoints.os.fdopen",
+        lambda *a, **k: FillsUp(real_fdopen(*a, **k)),
+    )
+    with pytest.raises(CheckpointSaveError) as error:
+        atomic_save({"weights": torch.zeros(1_000_000)}, target)
+    assert isinstance(error.value.__cause__, OSError)
+    assert f"cannot write last.ckpt in {tmp_path}/: No space left on device (" in str(error.value)
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.slow
 def test_sigkill_in_the_middle_of_a_save_loses_nothing(workdir):
     # Epoch 0 saves best and last; the third save (epoch 1's first: a best that

@@ -13,6 +13,7 @@ from torch.utils.data import ConcatDataset, DataLoader, Dataset, DistributedSamp
 
 from {{ cookiecutter.package_name }}.kit.data import (
     LoaderSettings,
+    ResumableLoader,
     SlicedLoader,
     SplitDataModule,
     TensorBatches,
@@ -203,31 +204,71 @@ def held(loader) -> list[int]:
 
 
 def test_sliced_batches_follow_the_samplers_order():
-    loader = SlicedLoader(numbered(10), batch_size=4, shuffle=True)
-    torch.manual_seed(0)
-    order = list(loader.sampler)
-    torch.manual_seed(0)
+    loader = SlicedLoader(numbered(10), batch_size=4, shuffle=True, seed=5)
     batches = list(loader)
     assert [len(b[1]) for b in batches] == [4, 4, 2] == [len(b[0]) for b in batches]
-    assert [int(i) for b in batches for i in b[1]] == order != list(range(10))
+    # A DataLoader of the same seed reads the same order, sample by sample.
+    plain = ResumableLoader(
+        numbered(10), batch_size=4, shuffle=True, seed=5, collate_fn=lambda batch: batch
+    )
+    assert [int(i) for b in batches for i in b[1]] == held(plain) != list(range(10))
     assert len(loader) == 3
     loader = SlicedLoader(numbered(10), batch_size=4, drop_last=True)
     assert held(loader) == list(range(8)) and len(loader) == 2
 
 
+@pytest.mark.parametrize("kind", ["sliced", "per sample", "workers"])
+def test_an_epoch_resumed_from_its_state_continues_with_the_next_batch(kind):
+    def make(seed):
+        if kind == "sliced":
+            return SlicedLoader(numbered(23), batch_size=4, shuffle=True, seed=seed)
+        workers = 1 if kind == "workers" else 0
+        return ResumableLoader(
+            numbered(23),
+            batch_size=4,
+            shuffle=True,
+            seed=seed,
+            num_workers=workers,
+            persistent_workers=workers > 0,
+            collate_fn=lambda batch: batch,
+        )
+
+    uninterrupted = make(7)
+    torch.manual_seed(0)
+    epochs = [[b[1].tolist() for b in uninterrupted] for _ in range(3)]
+    assert epochs[0] != epochs[1] != epochs[2]  # reshuffled every epoch
+    # Interrupted after 2 batches of epoch 1: the order is (seed, epoch)'s, whatever
+    # the global random state, and the skipped batches are not read.
+    resumed = make(seed=123)
+    resumed.load_state_dict({"seed": 7, "epoch": 1, "batches": 2, "finished": False})
+    torch.manual_seed(99)
+    assert [b[1].tolist() for b in resumed] == epochs[1][2:]
+    assert [b[1].tolist() for b in resumed] == epochs[2]  # and the next epoch in full
+    assert len(resumed) == 6
+    # Stopped at an epoch's end: the next one starts.
+    ended = make(seed=0)
+    ended.load_state_dict({"seed": 7, "epoch": 0, "batches": 6, "finished": True})
+    assert [b[1].tolist() for b in ended] == epochs[1]
+
+
 def test_sliced_batches_under_ddp_are_each_ranks_own_shard_reshuffled_every_epoch():
     data = numbered(11)
     seen = {}
+    for rank in (0, 1):
+        sampler = DistributedSampler(data, num_replicas=2, rank=rank, shuffle=True, seed=3)
+        loader = SlicedLoader(data, batch_size=3, sampler=sampler)
+        for epoch in (0, 1):
+            seen[rank, epoch] = held(loader)  # the loader sets the sampler's epoch first
+            assert sampler.epoch == epoch and seen[rank, epoch] == list(sampler)
     for epoch in (0, 1):
-        for rank in (0, 1):
-            sampler = DistributedSampler(data, num_replicas=2, rank=rank, shuffle=True, seed=3)
-            sampler.set_epoch(epoch)  # what Lightning does before each epoch
-            loader = SlicedLoader(data, batch_size=3, sampler=sampler)
-            seen[rank, epoch] = held(loader)
-            assert seen[rank, epoch] == list(sampler)
         assert set(seen[0, epoch]) | set(seen[1, epoch]) == set(range(11))
         assert len(set(seen[0, epoch]) & set(seen[1, epoch])) <= 1  # the padding sample
     assert seen[0, 0] != seen[0, 1]
+    # A rank resumed mid-epoch continues its own shard of that epoch's order.
+    sampler = DistributedSampler(data, num_replicas=2, rank=1, shuffle=True, seed=3)
+    loader = SlicedLoader(data, batch_size=3, sampler=sampler)
+    loader.load_state_dict({"seed": 0, "epoch": 1, "batches": 1, "finished": False})
+    assert held(loader) == seen[1, 1][3:]
 
 
 def test_data_on_the_device_is_copied_once_an_epoch_not_once_a_batch():

@@ -1,4 +1,4 @@
-"""Each private name of Lightning and jsonargparse the kit uses (kit/internals.py),
+"""Each private name of Lightning, jsonargparse and torch the kit uses (kit/internals.py),
 exercised on the installed releases: one that moved fails here, by name.
 
 Run against a newer Lightning (`pip install -U lightning` in a scratch
@@ -8,6 +8,7 @@ upper bound on Lightning can rise.
 
 import importlib
 import inspect
+from datetime import timedelta
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from jsonargparse import ArgumentParser
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from support import PROJECT, main
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -98,6 +100,23 @@ def test_the_checkpoint_accessors(fitted):
     assert internals.saves_at_train_epoch_end(checkpoint, trainer) is True
     after = ModelCheckpoint(save_on_train_epoch_end=False)
     assert internals.saves_at_train_epoch_end(after, trainer) is False
+    internals.forget_step_saved(checkpoint, 3)
+    assert internals.last_saved(checkpoint)[1] == 3
+    assert internals.skips_saving(checkpoint, trainer) is False  # step 4 is not saved now
+
+
+def test_the_save_triggers():
+    assert internals.save_triggers(ModelCheckpoint()) == (0, 1, None)
+    steps = ModelCheckpoint(every_n_train_steps=5)
+    assert internals.save_triggers(steps) == (5, 0, None)  # no saves at epochs' ends
+    internals.set_save_triggers(steps, 0, 1, None)
+    assert internals.save_triggers(steps) == (0, 1, None) and steps.every_n_epochs == 1
+    interval = timedelta(minutes=30)
+    assert internals.save_triggers(ModelCheckpoint(train_time_interval=interval)) == (
+        0,
+        0,
+        interval,
+    )
 
 
 def test_the_logger_accessors(tmp_path):
@@ -109,6 +128,95 @@ def test_the_logger_accessors(tmp_path):
     assert internals.filesystem(writer).isdir(str(tmp_path))
     internals.set_experiment(logger, None)
     assert internals.open_experiment(logger) is None
+
+
+class StopsAt(Callback):
+    """Saves a checkpoint at a training batch's end, then asks for a stop there."""
+
+    def __init__(self, batch: int, path):
+        self.batch, self.path = batch, path
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if batch_idx == self.batch:
+            trainer.save_checkpoint(self.path)
+            internals.request_stop(trainer)
+
+
+class StatefulLoader(DataLoader):
+    """A DataLoader Lightning saves a state for, which records the states it is given."""
+
+    def __init__(self):
+        super().__init__(TensorDataset(torch.randn(8, 2)), batch_size=1)
+        self.loaded = []
+
+    def state_dict(self):
+        return {"mark": 7}
+
+    def load_state_dict(self, state):
+        self.loaded.append(state)
+
+
+class ReadsSteppingBatches(Tiny):
+    def configure_optimizers(self):
+        assert self.trainer.estimated_stepping_batches == 16
+        return super().configure_optimizers()
+
+
+class AtTrainStart(Callback):
+    """What the resume accessors say as training starts, then the restart they ask for."""
+
+    def __init__(self):
+        self.unused = None
+
+    def on_train_start(self, trainer, pl_module):
+        self.unused = internals.loader_states_unused(trainer)
+        if self.unused:
+            internals.restart_train_iteration(trainer, load_states=True)
+
+
+def plain_trainer(tmp_path, *callbacks: Callback) -> Trainer:
+    return Trainer(
+        max_epochs=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        callbacks=list(callbacks),
+    )
+
+
+def test_a_requested_stop_ends_the_fit_after_this_step(tmp_path):
+    trainer = plain_trainer(tmp_path, StopsAt(2, tmp_path / "stopped.ckpt"))
+    with pytest.raises(SIGTERMException):
+        trainer.fit(Tiny(), loader())
+    assert trainer.global_step == 3  # batches 0, 1 and 2 of the first epoch
+
+
+@pytest.mark.parametrize("module", [Tiny, ReadsSteppingBatches])
+def test_the_loader_states_a_resume_did_not_give_are_given_again(tmp_path, module):
+    stopped = tmp_path / "stopped.ckpt"
+    with pytest.raises(SIGTERMException):
+        plain_trainer(tmp_path, StopsAt(2, stopped)).fit(module(), StatefulLoader())
+    probe, resumed = AtTrainStart(), StatefulLoader()
+    plain_trainer(tmp_path, probe).fit(module(), resumed, ckpt_path=stopped)
+    # Lightning #20550: reading estimated_stepping_batches in configure_optimizers sets
+    # the loaders up before the checkpoint is read, and their states stay unused.
+    assert probe.unused is (module is ReadsSteppingBatches)
+    assert resumed.loaded == [{"mark": 7}]  # given once, by Lightning or by the restart
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_dataloaders_read_their_indices_from_the_index_sampler(workers):
+    class FirstTwo(DataLoader):
+        @property
+        def _index_sampler(self):
+            return [[0], [1]]
+
+    values = torch.arange(8.0)
+    batches = list(FirstTwo(TensorDataset(values), batch_size=1, num_workers=workers))
+    assert [batch[0].tolist() for batch in batches] == [[0.0], [1.0]]
+    assert isinstance(inspect.getattr_static(DataLoader, "_index_sampler"), property)
 
 
 def test_the_summary_table(capsys):
@@ -151,6 +259,10 @@ def test_the_release_checked_on_is_named():
     import jsonargparse
     import lightning
 
-    assert set(internals.CHECKED_ON) == {"lightning", "jsonargparse"}
-    versions = {"lightning": lightning.__version__, "jsonargparse": jsonargparse.__version__}
+    assert set(internals.CHECKED_ON) == {"lightning", "jsonargparse", "torch"}
+    versions = {
+        "lightning": lightning.__version__,
+        "jsonargparse": jsonargparse.__version__,
+        "torch": torch.__version__,
+    }
     assert all(versions[name] for name in internals.CHECKED_ON)

@@ -16,6 +16,7 @@ from .processes import (
 )
 from .project import CONFIGS, PACKAGE, PROJECT, PROJECT_ROOT, SRC, TESTS, main
 from .readers import (
+    assert_identical,
     best_score,
     folder_of,
     load_checkpoint,
@@ -35,6 +36,7 @@ __all__ = [
     "TESTS",
     "FakeClock",
     "ForkedRun",
+    "assert_identical",
     "best_score",
     "cli_env",
     "configured",

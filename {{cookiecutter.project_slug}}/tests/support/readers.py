@@ -127,6 +127,24 @@ def load_checkpoint(path: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
+def assert_identical(ours, theirs, where: str = "") -> None:
+    """Two checkpoint values (nested dicts, lists, tensors, numbers, strings) are equal,
+    tensors bit for bit; the message names the first place they differ."""
+    if isinstance(theirs, torch.Tensor):
+        assert isinstance(ours, torch.Tensor) and ours.dtype == theirs.dtype, where
+        assert ours.shape == theirs.shape and torch.equal(ours, theirs), where
+    elif isinstance(theirs, dict):
+        assert isinstance(ours, dict) and ours.keys() == theirs.keys(), where
+        for key in theirs:
+            assert_identical(ours[key], theirs[key], f"{where}/{key}")
+    elif isinstance(theirs, list | tuple):
+        assert isinstance(ours, list | tuple) and len(ours) == len(theirs), where
+        for index, (mine, other) in enumerate(zip(ours, theirs, strict=True)):
+            assert_identical(mine, other, f"{where}/{index}")
+    else:
+        assert ours == theirs, f"{where}: {ours!r} != {theirs!r}"
+
+
 def best_score(checkpoint: dict) -> float:
     """The monitored metric's best value, as the checkpoint callback recorded it."""
     (state,) = [s for s in checkpoint["callbacks"].values() if "best_model_score" in s]

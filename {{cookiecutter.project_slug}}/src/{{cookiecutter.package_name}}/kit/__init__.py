@@ -11,6 +11,7 @@ rarely need to edit it.
     console      train/loss once a logging window, the progress bar, the model summary
     checkpoints  best and last, `--ckpt_path last`, interrupted.ckpt, the file check
     runs         one run directory per run, continued on resume
+    resume       the random states and data position a checkpoint carries: resumes exact
     data         loader settings from the machine, a DataModule built from splits
     health       throughput, data wait, FLOPs and MFU, memory at the end of fit
     peaks        the peak FLOP/s of current GPUs

@@ -19,9 +19,14 @@ saved when stopped, loaded safely.
 import os
 import re
 import shutil
+import signal
+import sys
 import tempfile
+import threading
+import time
 import zipfile
 from collections.abc import Callable, Iterable
+from functools import partial
 from pathlib import Path
 from typing import Any
 from weakref import proxy
@@ -34,10 +39,15 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from .internals import (
+    accumulating,
+    forget_step_saved,
     last_saved,
     monitor_candidates,
     note_saved,
+    request_stop,
+    save_triggers,
     saves_at_train_epoch_end,
+    set_save_triggers,
     skips_saving,
 )
 from .runs import continue_run, is_first_process, run_candidates
@@ -99,19 +109,42 @@ def atomic_save(obj: Any, path: str | Path, save: Callable[[Any, Any], Any] | No
         handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=PARTIAL, dir=directory)
     except OSError as error:
         raise CheckpointSaveError(_save_failure(path, error)) from error
+    out = None
     try:
         with os.fdopen(handle, "wb") as file:
-            (save or torch.save)(obj, file)
+            out = _Writes(file)
+            (save or torch.save)(obj, out)
             file.flush()
             os.fsync(file.fileno())
         os.replace(temporary, path)
     except BaseException as error:
         Path(temporary).unlink(missing_ok=True)
+        if not isinstance(error, OSError):
+            # torch.save's zip writer turns a failed write into "RuntimeError: ...
+            # unexpected pos"; the write's own error says what happened.
+            error = getattr(out, "failure", None) or error
         if isinstance(error, OSError):
             raise CheckpointSaveError(_save_failure(path, error)) from error
         raise
     _fsync_directory(directory)
     return path
+
+
+class _Writes:
+    """A file that remembers the OSError of a failed write (torch.save hides it)."""
+
+    def __init__(self, file: Any) -> None:
+        self.file, self.failure = file, None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as error:
+            self.failure = error
+            raise
+
+    def flush(self) -> None:
+        self.file.flush()
 
 
 class _Unreadable(Exception):
@@ -289,9 +322,48 @@ class BestAndLast(ModelCheckpoint):
     state as `last` would (from the second save of `last` on): `last.ckpt` is
     then a copy of its bytes (written as atomically as a save) instead of a
     second collection and serialization of the same state.
+
+    `every_n_train_steps` and `train_time_interval` save `last.ckpt` mid-epoch,
+    after an optimizer step, and nothing else: the best is still chosen after
+    each validation. (Lightning would save a `best-*` file at those steps with
+    the previous validation's score, defer every save of the first epoch until
+    its validation, and stop saving at epochs' ends.)
     """
 
     _last_before: str | None = None  # last_model_path while `last` is being saved
+    _mid_epoch: tuple[int, Any] = (0, None)  # (every_n_train_steps, train_time_interval)
+    _last_time = 0.0  # when the time trigger last fired
+    clock: Callable[[], float] = staticmethod(time.monotonic)
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        steps, epochs, interval = save_triggers(self)
+        if steps or interval is not None:
+            _ = self.state_key  # the key of the settings as given, kept for the run
+            self._mid_epoch = (steps, interval)
+            set_save_triggers(self, 0, epochs or 1, None)
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        self._last_time = self.clock()
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, index: int
+    ) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, index)
+        steps, interval = self._mid_epoch
+        if accumulating(trainer) or (not steps and interval is None):
+            return
+        due = bool(steps) and trainer.global_step % steps == 0
+        if interval is not None:
+            now = self.clock()
+            # Rank 0's clock decides, so that every rank saves together.
+            if trainer.strategy.broadcast(now - self._last_time >= interval.total_seconds()):
+                due, self._last_time = True, now
+        if due and self.save_last and not skips_saving(self, trainer):
+            before = last_saved(self)[1]
+            self._save_last_checkpoint(trainer, monitor_candidates(self, trainer))
+            forget_step_saved(self, before)  # an epoch's own saves at this step still happen
 
     @property
     def state_key(self) -> str:
@@ -384,6 +456,54 @@ class InterruptCheckpoint(OnExceptionCheckpoint):
 
     def __init__(self) -> None:
         super().__init__(dirpath=".", filename=Path(self.FILENAME).stem)
+        self._ctrl_c = self._sigterm_held = False
+        self._handler: Any = None
+
+    # A stop lands between two steps: then the checkpoint holds one consistent state
+    # (weights, optimizer, random states, data position) that a resume continues
+    # exactly. Lightning alone stops a single process on SIGTERM only at the
+    # epoch's end, and on Ctrl-C wherever the KeyboardInterrupt lands.
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._ctrl_c = False
+        on_main_thread = threading.current_thread() is threading.main_thread()
+        if on_main_thread and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self._handler = signal.signal(signal.SIGINT, partial(self._on_ctrl_c, trainer))
+
+    def _on_ctrl_c(self, trainer: Trainer, signum: int, frame: Any) -> None:
+        if self._ctrl_c:  # the second: stop now
+            self._restore_handler()
+            raise KeyboardInterrupt
+        self._ctrl_c = True
+        print("\nCtrl-C: stopping after this step (press again to stop now)", file=sys.stderr)
+        if trainer.world_size > 1:
+            request_stop(trainer)  # Lightning stops every rank together, as on SIGTERM
+
+    def _restore_handler(self) -> None:
+        if self._handler is not None:
+            signal.signal(signal.SIGINT, self._handler)
+            self._handler = None
+
+    # Lightning stops a validation half-way on SIGTERM, and the resume then skips
+    # the rest of it: the epoch's score, best and last would be lost. The stop
+    # waits for the validation's end instead, and comes at the epoch's end.
+    def on_validation_batch_end(self, trainer: Trainer, *args: Any) -> None:
+        fitting = trainer.state.fn == "fit" and not trainer.sanity_checking
+        if fitting and trainer.received_sigterm:
+            self._sigterm_held = True
+            request_stop(trainer, False)
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._sigterm_held:
+            self._sigterm_held = False
+            request_stop(trainer)
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module, batch: Any, batch_idx: int) -> None:
+        if trainer.world_size > 1:
+            return  # Lightning checks for SIGTERM before every step of a multi-process run
+        if self._ctrl_c:
+            raise KeyboardInterrupt
+        if trainer.received_sigterm:
+            raise SIGTERMException
 
     def _run_folder(self, trainer: Trainer) -> str | None:
         return getattr(trainer.checkpoint_callback, "dirpath", None)
@@ -391,6 +511,7 @@ class InterruptCheckpoint(OnExceptionCheckpoint):
     def on_exception(
         self, trainer: Trainer, pl_module: LightningModule, exception: BaseException
     ) -> None:
+        self._restore_handler()
         folder = self._run_folder(trainer)
         if folder is None or not isinstance(exception, (SIGTERMException, KeyboardInterrupt)):
             return
@@ -403,6 +524,7 @@ class InterruptCheckpoint(OnExceptionCheckpoint):
         rank_zero_info(f"Stopped: saved {self.ckpt_path}; continue with `fit --ckpt_path last`")
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._restore_handler()
         # Called when a fit ended normally (not after an exception): nothing to resume.
         folder = self._run_folder(trainer)
         if stage == "fit" and folder is not None:

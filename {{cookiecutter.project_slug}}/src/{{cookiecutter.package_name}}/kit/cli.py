@@ -66,6 +66,7 @@ from .health import TrainingHealth
 from .hints import RUN_CONTEXT, explain
 from .internals import wrong_type
 from .predict import PredictionWriter
+from .resume import ResumeState
 from .runs import (
     DiscardFailedStart,
     FinishRun,
@@ -272,6 +273,7 @@ class ProjectCLI(LightningCLI):
         parser.add_lightning_class_args(FailureContext, "failure_context")
         parser.add_lightning_class_args(InterruptCheckpoint, "interrupt_checkpoint")
         parser.add_lightning_class_args(ResumeCheck, "resume_check")
+        parser.add_lightning_class_args(ResumeState, "resume_state")
         parser.add_lightning_class_args(DiscardFailedStart, "discard_failed_start")
         parser.add_lightning_class_args(FinishRun, "finish_run")
         parser.add_lightning_class_args(PredictionWriter, "predictions")

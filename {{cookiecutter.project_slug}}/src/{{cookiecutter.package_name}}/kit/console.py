@@ -9,6 +9,7 @@ FLOPs it cannot know (the health report counts them on the first step).
 import logging
 from collections.abc import Mapping
 from time import monotonic
+from typing import Any
 
 import torch
 from lightning.pytorch import Callback, Trainer
@@ -58,6 +59,7 @@ class TrainLoss(Callback):
         # (step, epoch, mean) not yet with the loggers
         self._pending: list[tuple[int, int, float]] = []
         self._module_logs_it: bool | None = None
+        self._carried = 0.0  # the window's sum before a resume (its count is in _count)
 
     def on_train_batch_end(self, trainer: Trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self._module_logs_it or not trainer.log_every_n_steps:
@@ -76,8 +78,9 @@ class TrainLoss(Callback):
         if logs_this_step(trainer):
             # Lightning divides the loss it hands over by the accumulated batches.
             total = torch.stack(self._losses).sum(dtype=torch.float32)
-            mean = total.item() * trainer.accumulate_grad_batches / self._count  # the one read
-            self._losses, self._count = [], 0
+            total = total.item() + self._carried  # the one read
+            mean = total * trainer.accumulate_grad_batches / self._count
+            self._losses, self._count, self._carried = [], 0, 0.0
             trainer.callback_metrics[self.NAME] = torch.tensor(mean)
             trainer.progress_bar_metrics[self.NAME] = mean
             # Lightning's x-axis for a step's metrics: the optimizer steps before this one.
@@ -85,6 +88,19 @@ class TrainLoss(Callback):
             self._pending.append((step, trainer.current_epoch, mean))
             if self.clock() - self._written_at >= self.write_every:
                 self.write(trainer)
+
+    # The open window goes into checkpoints, so a resumed run logs the same curve
+    # (read from the device only when a checkpoint is saved).
+    def state_dict(self) -> dict[str, Any]:
+        if not self._count:
+            return {}
+        total = sum(float(loss.sum(dtype=torch.float32)) for loss in self._losses)
+        return {"sum": total + self._carried, "count": self._count}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._losses = []
+        self._carried = float(state_dict.get("sum", 0.0))
+        self._count = int(state_dict.get("count", 0))
 
     def write(self, trainer: Trainer) -> None:
         """Hand the pending numbers to the loggers, and have them flush."""

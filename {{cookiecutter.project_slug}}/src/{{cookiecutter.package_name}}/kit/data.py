@@ -12,14 +12,23 @@ it is optional: the rest of the kit reads what it needs from the DataLoaders of
 any LightningDataModule.
 """
 
+import inspect
+import itertools
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from lightning.pytorch import LightningDataModule
-from torch.utils.data import ConcatDataset, DataLoader, Dataset, Subset, TensorDataset
+from torch.utils.data import (
+    ConcatDataset,
+    DataLoader,
+    Dataset,
+    RandomSampler,
+    Subset,
+    TensorDataset,
+)
 
 MAX_WORKERS = 8
 
@@ -94,7 +103,121 @@ def _as_sliced(batch):
     return batch
 
 
-class SlicedLoader(DataLoader):
+class _Skipping:
+    """A loader's (batch) sampler whose iteration skips the loader's `_skip` first items.
+
+    One object per loader, asked for its indices at each iteration: torch's
+    iterators keep the index sampler they were made with (persistent workers
+    reuse theirs every epoch), so the skip is read when the epoch starts.
+    """
+
+    def __init__(self, loader: "ResumableLoader") -> None:
+        self.loader = loader
+
+    def _sampler(self) -> Any:
+        return DataLoader._index_sampler.fget(self.loader)
+
+    def __iter__(self):
+        return itertools.islice(iter(self._sampler()), self.loader._skip, None)
+
+    def __len__(self) -> int:
+        return max(0, len(self._sampler()) - self.loader._skip)
+
+
+class ResumableLoader(DataLoader):
+    """A DataLoader that a checkpoint taken mid-epoch resumes exactly: the same
+    order, from the next batch. A drop-in for `torch.utils.data.DataLoader`.
+
+    Each epoch's order and the workers' seeds come from a generator of the
+    loader's own, seeded from (`seed`, epoch): not from the global random state,
+    which the model's own randomness moves. `seed` defaults to torch's initial
+    seed (`seed_everything`'s). The state Lightning saves with a checkpoint
+    (`state_dict`) is that seed, the epoch and the batches it trained; on
+    resume the epoch's iteration skips those batches' indices (no data is read
+    for them). A DistributedSampler gets the epoch before the order is drawn.
+
+    Why not torchdata's StatefulDataLoader: it re-implements the DataLoader's
+    iterators for each torch release, adds a dependency, does not cover the
+    kit's device-resident `SlicedLoader`, and counts the batch Lightning has
+    prefetched as trained. Here the epoch and the count of batches trained
+    are Lightning's own (`fit_loop`, which the kit's `ResumeState` sets).
+    """
+
+    # The running fit's loop (set by the kit's ResumeState for the length of a fit):
+    # the epoch an iteration belongs to and the batches trained are its counts.
+    fit_loop: ClassVar[Any] = None
+
+    def __init__(self, dataset: Any, *args: Any, seed: int | None = None, **kwargs: Any) -> None:
+        given = inspect.signature(DataLoader).bind(dataset, *args, **kwargs).arguments
+        order = torch.Generator()
+        if given.get("shuffle") and given.get("sampler") is None:
+            # The order's own generator: the workers' seed is drawn from the loader's
+            # only when its iterator is made, not at each epoch of persistent workers.
+            given["sampler"], given["shuffle"] = RandomSampler(dataset, generator=order), None
+        if given.get("generator") is None:
+            given["generator"] = torch.Generator()
+        super().__init__(**given)
+        self._order = order
+        self.seed = torch.initial_seed() if seed is None else seed
+        self.epoch = -1  # the epoch of the current iteration
+        self._loaded: tuple[int, int] | None = None  # (epoch, batches to skip) from a checkpoint
+        self._skip = 0
+
+    def state_dict(self) -> dict[str, int]:
+        done, finished = 0, False
+        if self.fit_loop is not None:
+            progress = self.fit_loop.epoch_loop.batch_progress
+            done = progress.current.processed
+            finished = bool(progress.is_last_batch) and done == progress.current.ready
+        return {"seed": self.seed, "epoch": self.epoch, "batches": done, "finished": finished}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.seed = int(state["seed"])
+        epoch, done = int(state["epoch"]), int(state["batches"])
+        self._loaded = (epoch + 1, 0) if state.get("finished") else (epoch, done)
+
+    def _start_epoch(self) -> int:
+        """Seed this iteration's order; returns the batches of it to skip."""
+        skip = 0
+        if self._loaded is not None:  # the epoch a checkpoint stopped in
+            (self.epoch, skip), self._loaded = self._loaded, None
+        elif self.fit_loop is not None:  # the fit's epoch (also when resumed at an epoch's end)
+            self.epoch = self.fit_loop.epoch_progress.current.processed
+        else:
+            self.epoch += 1
+        # Distinct streams per (seed, epoch): SplitMix64's increment apart.
+        stream = self.seed + self.epoch * 0x9E3779B97F4A7C15
+        self._order.manual_seed(stream % 2**64)
+        self.generator.manual_seed((stream + 1) % 2**64)
+        set_epoch = getattr(self.sampler, "set_epoch", None)
+        if callable(set_epoch):  # before the order is drawn (Lightning sets it after)
+            set_epoch(self.epoch)
+        return skip
+
+    @property
+    def _index_sampler(self) -> Any:
+        # torch's DataLoader iterators read their indices from this (private) property:
+        # the one place to skip the batches a resumed epoch already trained.
+        if "_skipping" not in self.__dict__:
+            self._skipping = _Skipping(self)
+        return self._skipping
+
+    def __iter__(self):
+        self._skip = self._start_epoch()
+        try:
+            return super().__iter__()
+        finally:
+            self._skip = 0
+
+    def __len__(self) -> int:
+        skip, self._skip = self._skip, 0
+        try:
+            return super().__len__()
+        finally:
+            self._skip = skip
+
+
+class SlicedLoader(ResumableLoader):
     """A DataLoader of a `TensorBatches` that copies each epoch's order to the
     tensors' device once and slices every batch there.
 
@@ -108,7 +231,8 @@ class SlicedLoader(DataLoader):
 
     def __iter__(self):
         dataset = self.dataset
-        batches = list(self.batch_sampler)  # this epoch's, in order
+        skip = self._start_epoch()
+        batches = list(self.batch_sampler)[skip:]  # this epoch's, in order
         order = torch.tensor([i for batch in batches for i in batch], dtype=torch.long)
         device = dataset.tensors[0].device
         if device.type == "cuda":
@@ -290,7 +414,7 @@ class SplitDataModule(LightningDataModule):
             # The tensors are where the steps run: slice there, in this process.
             return SlicedLoader(dataset, batch_size=self.batch_size, shuffle=shuffle)
         # Read per sample, or batches of host tensors copied to a GPU from pinned memory.
-        return DataLoader(
+        return ResumableLoader(
             dataset,
             batch_size=self.batch_size,
             shuffle=shuffle,

@@ -123,6 +123,7 @@ class TrainingHealth(Callback):
         self.data_wait_warn = data_wait_warn
         self.summary: dict[str, Any] = {}
         self._device_clock = False
+        self._loaded: dict[str, Any] | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -159,8 +160,22 @@ class TrainingHealth(Callback):
             self.samples += samples
             self.timed_steps += 1
 
+    # The counters go into checkpoints: a resumed run's report covers the whole run.
+    COUNTERS = ("wait", "compute", "samples", "steps", "timed_steps", "flops_per_batch")
+
+    def state_dict(self) -> dict[str, Any]:
+        self._read_clock(wait=True)  # a device clock's pending steps, read at a save only
+        return {name: getattr(self, name) for name in self.COUNTERS}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._loaded = dict(state_dict)
+
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._reset()
+        loaded, self._loaded = self._loaded, None
+        if loaded and trainer.ckpt_path:
+            for name in self.COUNTERS:
+                setattr(self, name, loaded.get(name, getattr(self, name)))
         self.summary = {}
         device = trainer.strategy.root_device
         self._device_clock = device.type == "cuda" if self.events is None else self.events

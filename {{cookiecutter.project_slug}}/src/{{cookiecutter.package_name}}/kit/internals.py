@@ -1,10 +1,13 @@
-"""Every use the kit makes of a private name of Lightning or jsonargparse, in one place.
+"""Every use the kit makes of a private name of Lightning, jsonargparse or torch, in one place.
 
 Each is something the public API does not offer; each says what it is for and
 the release it was checked on (`CHECKED_ON`). tests/test_internals.py exercises
 every one, so a release that moves one fails there first, by name, rather than
 somewhere in a run. The private methods the kit overrides are listed in
 `OVERRIDDEN`, and the same test holds their signatures to the ones written here.
+One more is torch's: `DataLoader._index_sampler`, the property its iterators read
+their indices from, which kit/data.py's ResumableLoader overrides to skip the
+batches a resumed epoch already trained; the same test file checks it.
 """
 
 import re
@@ -12,7 +15,7 @@ from typing import Any
 
 from lightning.pytorch.utilities.model_summary import model_summary
 
-CHECKED_ON = {"lightning": "2.6.6", "jsonargparse": "4.53.0"}
+CHECKED_ON = {"lightning": "2.6.6", "jsonargparse": "4.53.0", "torch": "2.13.0"}
 
 # Private methods the kit overrides, by the class that defines them: their names
 # and parameters, as checked on CHECKED_ON's releases.
@@ -54,6 +57,31 @@ def loggers_write_now(trainer: Any) -> bool:
     return bool(trainer._logger_connector.should_update_logs)
 
 
+def request_stop(trainer: Any, stop: bool = True) -> None:
+    """Have Lightning stop the fit as it does on SIGTERM (`stop` False: not yet): it raises
+    SIGTERMException after this step, every rank together (a multi-process run
+    broadcasts rank 0's flag each step)."""
+    trainer._signal_connector.received_sigterm = stop
+
+
+def loader_states_unused(trainer: Any) -> bool:
+    """Whether the training DataLoader states of the checkpoint being resumed were not
+    given to the loaders: Lightning gives them when it sets the loaders up, which a
+    `configure_optimizers` reading `trainer.estimated_stepping_batches` makes happen
+    before the checkpoint is read (Lightning #20550)."""
+    return bool(trainer.fit_loop._combined_loader_states_to_load)
+
+
+def restart_train_iteration(trainer: Any, load_states: bool) -> None:
+    """Start the training DataLoaders' iteration again (first giving them the checkpoint's
+    states, with `load_states`): what Lightning would have done at the resume."""
+    loop = trainer.fit_loop
+    if load_states:
+        loop._combined_loader._load_state_dicts(loop._combined_loader_states_to_load)
+        loop._combined_loader_states_to_load = []
+    iter(loop._data_fetcher)
+
+
 def logging_step(trainer: Any) -> int:
     """The step Lightning gives the metrics logged now: optimizer steps taken so far.
     (`global_step` counts the steps of every optimizer, so it differs with several.)"""
@@ -89,6 +117,24 @@ def last_saved(callback: Any) -> tuple[str, int]:
 def note_saved(callback: Any, filepath: str) -> None:
     """Tell ModelCheckpoint that `filepath` is the file it wrote last (the kit copied it)."""
     callback._last_checkpoint_saved = filepath
+
+
+def forget_step_saved(callback: Any, step: int) -> None:
+    """Tell ModelCheckpoint that the step it saved last is `step`: a save it does not
+    count, so that its own saves at the same step (after a validation) still happen."""
+    callback._last_global_step_saved = step
+
+
+def save_triggers(callback: Any) -> tuple[int, int, Any]:
+    """ModelCheckpoint's triggers as it resolved them: (every_n_train_steps,
+    every_n_epochs, train_time_interval); any step or time trigger zeroes the epochs'."""
+    return callback._every_n_train_steps, callback._every_n_epochs, callback._train_time_interval
+
+
+def set_save_triggers(callback: Any, steps: int, epochs: int, interval: Any) -> None:
+    """Set what `save_triggers` reads."""
+    callback._every_n_train_steps, callback._every_n_epochs = steps, epochs
+    callback._train_time_interval = interval
 
 
 # Loggers -------------------------------------------------------------------------

@@ -1,0 +1,292 @@
+"""A resumed run is the same run: stopped by SIGTERM, Ctrl-C or SIGKILL, mid-epoch or at
+its end, with or without workers, on one process or two, then `fit --ckpt_path last`,
+it ends with the weights, optimizer and scheduler states and logged scores of an
+uninterrupted run, bit for bit (CPU, `seed_everything`). So does a model that draws
+from every random state at every step, and one scheduled over the estimated steps.
+
+Kit test: it runs whatever model and data `project.py` names, for two epochs; the
+stop lands half-way through the second.
+"""
+
+import dataclasses
+import functools
+import random
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from instruments import read_records
+from lightning.pytorch import Callback
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from support import (
+    CONFIGS,
+    PROJECT,
+    assert_identical,
+    cli_env,
+    failure,
+    folder_of,
+    fork_cli,
+    load_checkpoint,
+    logged_scalars,
+    run_dirs,
+    run_forked,
+    shared,
+    wait_for,
+)
+from support.processes import SUBPROCESS_TIMEOUT
+
+from {{ cookiecutter.package_name }}.kit import cli
+from {{ cookiecutter.package_name }}.kit.data import SplitDataModule
+from {{ cookiecutter.package_name }}.kit.internals import request_stop
+
+MONITOR = PROJECT.monitor
+FLAGS = ("--trainer.max_epochs=2", "--trainer.enable_progress_bar=false")
+DDP = (f"--config={CONFIGS / 'ddp.yaml'}", "--trainer.accelerator=cpu", "--trainer.devices=2")
+INSTRUMENTS = "--trainer.callbacks+=instruments.Instruments"
+
+
+def reference(request, tmp_path_factory, *flags: str):
+    """The uninterrupted run with `flags`, made once a session: its folder."""
+    name = "uninterrupted" + "".join(f.split("=")[-1] for f in flags if "devices" in f)
+    return shared(
+        request, tmp_path_factory, name, lambda f: run(f, *FLAGS, *flags, ddp=bool(flags))
+    )
+
+
+def run(folder, *args: str, ddp: bool = False, env: dict | None = None):
+    """`fit args...` to the end in `folder` (DDP re-runs the command: a real process)."""
+    if not ddp:
+        return run_forked("fit", *args, cwd=folder, env=env)
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *args]
+    result = subprocess.run(
+        command,
+        cwd=folder,
+        env=cli_env(env),
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT,
+    )
+    assert result.returncode == 0, failure(" ".join(command), result)
+    return result
+
+
+def final(folder):
+    (run_dir,) = run_dirs(folder)
+    return run_dir, load_checkpoint(run_dir / "checkpoints" / "last.ckpt")
+
+
+def assert_same_run(folder, uninterrupted) -> None:
+    """The run in `folder` ended where the uninterrupted one did, bit for bit."""
+    (run_dir, ours), (their_dir, theirs) = final(folder), final(uninterrupted)
+    assert (ours["epoch"], ours["global_step"]) == (theirs["epoch"], theirs["global_step"])
+    largest = max(
+        float((ours["state_dict"][k].double() - theirs["state_dict"][k].double()).abs().max())
+        for k in theirs["state_dict"]
+        if theirs["state_dict"][k].is_floating_point()
+    )
+    assert largest == 0.0, f"max |dw| = {largest}"
+    for key in ("state_dict", "optimizer_states", "lr_schedulers"):
+        assert_identical(ours[key], theirs[key], key)
+    assert logged_scalars(run_dir)[MONITOR] == logged_scalars(their_dir)[MONITOR]
+
+
+def steps_per_epoch(uninterrupted) -> int:
+    _, theirs = final(uninterrupted)
+    return theirs["global_step"] // (theirs["epoch"] + 1)
+
+
+def stop_mid_epoch(workdir, uninterrupted, sent: int, *flags: str) -> None:
+    """Stop a fit half-way through its second epoch with signal `sent`."""
+    step = steps_per_epoch(uninterrupted) * 3 // 2
+    marker = workdir / "paused"
+    env = {"INSTRUMENTS_PAUSE_STEP": str(step), "INSTRUMENTS_PAUSE_MARKER": str(marker)}
+    stopped = fork_cli("fit", *FLAGS, *flags, INSTRUMENTS, cwd=workdir, env=env)
+    wait_for(marker, stopped)
+    stopped.send_signal(sent)
+    assert stopped.wait() == (143 if sent == signal.SIGTERM else 1)
+    (run_dir,) = run_dirs(workdir)
+    saved = load_checkpoint(run_dir / "checkpoints" / "interrupted.ckpt")
+    assert step <= saved["global_step"] <= step + 1  # between two steps, mid-epoch
+
+
+@pytest.fixture
+def uninterrupted(request, tmp_path_factory):
+    return reference(request, tmp_path_factory)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sent", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
+def test_a_run_stopped_mid_epoch_resumes_exactly(workdir, uninterrupted, sent):
+    stop_mid_epoch(workdir, uninterrupted, sent)
+    resumed = run_forked("fit", "--ckpt_path=last", *FLAGS, cwd=workdir)
+    assert "resume:" not in resumed.stderr  # nothing to say: it is exact
+    assert_same_run(workdir, uninterrupted)
+
+
+@pytest.mark.slow
+def test_with_loader_workers_a_resume_is_exact(workdir, uninterrupted):
+    if not issubclass(PROJECT.datamodule, SplitDataModule):
+        pytest.skip("the DataModule is not a SplitDataModule: no --data.num_workers")
+    stop_mid_epoch(workdir, uninterrupted, signal.SIGTERM, "--data.num_workers=1")
+    run_forked("fit", "--ckpt_path=last", *FLAGS, "--data.num_workers=1", cwd=workdir)
+    assert_same_run(workdir, uninterrupted)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kills", [1, 2], ids=["one SIGKILL", "two SIGKILLs in a row"])
+def test_a_killed_run_resumes_exactly_from_its_newest_checkpoint(workdir, uninterrupted, kills):
+    steps = steps_per_epoch(uninterrupted)
+    # Mid-way through the second epoch; then, resumed at its start, one step in.
+    for attempt, step in enumerate([steps * 3 // 2, steps + 1][:kills]):
+        args = ["fit", *FLAGS, INSTRUMENTS] + (["--ckpt_path=last"] if attempt else [])
+        killed = fork_cli(*args, cwd=workdir, env={"INSTRUMENTS_KILL_STEP": str(step)})
+        assert killed.wait() == -signal.SIGKILL
+    run_forked("fit", "--ckpt_path=last", *FLAGS, cwd=workdir)
+    assert_same_run(workdir, uninterrupted)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("trigger", "every"),
+    [("every_n_train_steps=3", 3), ("train_time_interval=0:00:00.000001", 1)],
+    ids=["every 3 steps", "every microsecond"],
+)
+def test_mid_epoch_checkpoints_lose_at_most_their_interval_and_resume_exactly(
+    workdir, uninterrupted, trigger, every
+):
+    kill = steps_per_epoch(uninterrupted) // 2 + every  # in the first epoch, before validation
+    flags = (*FLAGS, f"--checkpoint.{trigger}")
+    killed = fork_cli(
+        "fit", *flags, INSTRUMENTS, cwd=workdir, env={"INSTRUMENTS_KILL_STEP": str(kill)}
+    )
+    assert killed.wait() == -signal.SIGKILL
+    (run_dir,) = run_dirs(workdir)
+    saved = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")
+    assert kill - every < saved["global_step"] <= kill
+    assert not list((run_dir / "checkpoints").glob("best-*"))  # chosen by validation only
+    run_forked("fit", "--ckpt_path=last", *flags, cwd=workdir)
+    assert_same_run(workdir, uninterrupted)
+    # Every epoch still ends with its best and last, as without mid-epoch saves.
+    (best,) = (run_dir / "checkpoints").glob("best-*")
+    assert load_checkpoint(best)["global_step"] % steps_per_epoch(uninterrupted) == 0
+
+
+@pytest.mark.slow
+def test_sigterm_during_an_epochs_validation_keeps_that_validation(workdir, uninterrupted):
+    marker = workdir / "paused"
+    env = {"INSTRUMENTS_PAUSE_VALIDATION": "0", "INSTRUMENTS_PAUSE_MARKER": str(marker)}
+    stopped = fork_cli("fit", *FLAGS, INSTRUMENTS, cwd=workdir, env=env)
+    wait_for(marker, stopped)
+    stopped.send_signal(signal.SIGTERM)
+    assert stopped.wait() == 143
+    (run_dir,) = run_dirs(workdir)
+    # The epoch's validation ran to its end: its score was logged, best and last saved.
+    assert len(logged_scalars(run_dir)[MONITOR]) == 1
+    assert load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["epoch"] == 0
+    run_forked("fit", "--ckpt_path=last", *FLAGS, cwd=workdir)
+    assert_same_run(workdir, uninterrupted)
+
+
+@pytest.mark.slow
+def test_under_ddp_each_rank_resumes_exactly(workdir, request, tmp_path_factory):
+    """Two ranks, killed together mid-epoch (a job killed by its scheduler), resumed from
+    a mid-epoch checkpoint: each rank's shard, position and random states carry over."""
+    uninterrupted = reference(request, tmp_path_factory, *DDP)
+    steps = steps_per_epoch(uninterrupted)
+    flags = (*FLAGS, *DDP, INSTRUMENTS, "--checkpoint.every_n_train_steps=2")
+    env = cli_env({"INSTRUMENTS_KILL_STEP": str(steps * 3 // 2), "INSTRUMENTS_KILL_GROUP": "1"})
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *flags]
+    killed = subprocess.run(
+        command,
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        start_new_session=True,
+        timeout=SUBPROCESS_TIMEOUT,
+    )
+    assert killed.returncode == -signal.SIGKILL
+    env = {"INSTRUMENTS_RECORD": str(workdir / "seen")}
+    run(workdir, "--ckpt_path=last", *flags, ddp=True, env=env)
+    # Both ranks resumed mid-epoch, at the same step.
+    starts = {r["rank"]: r["global_step"] for r in read_records(workdir / "seen", "train_start")}
+    assert starts[0] == starts[1] and starts[0] % steps
+    assert_same_run(workdir, uninterrupted)
+
+
+def test_a_resume_that_cannot_be_exact_says_why_in_one_line(trained_checkpoint, workdir):
+    shutil.copytree(folder_of(trained_checkpoint), workdir, dirs_exist_ok=True)
+    (run_dir,) = run_dirs(workdir)
+    last = run_dir / "checkpoints" / "last.ckpt"
+    state = load_checkpoint(last)
+    state["callbacks"]["KitCallbacks"]["ResumeState"]["world_size"] = 2  # as DDP saved it
+    torch.save(state, last)
+    resumed = run_forked(
+        "fit", "--ckpt_path=last", "--trainer.max_epochs=3", *FLAGS[1:], cwd=workdir
+    )
+    (line,) = [line for line in resumed.stderr.splitlines() if "resume:" in line]
+    assert "saved by 2 processes, resumed by 1" in line and "resume with 2 processes" in line
+
+
+class StopAt(Callback):
+    """Asks the fit to stop at `step`, as a SIGTERM would."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        if trainer.global_step == self.step:
+            request_stop(trainer)
+
+
+class CountsItsSteps(PROJECT.model):
+    """The project's model, with OneCycleLR over `trainer.estimated_stepping_batches`:
+    reading it sets the training DataLoader up before a checkpoint is restored
+    (Lightning #20550)."""
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.9)
+        total = self.trainer.estimated_stepping_batches
+        scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, total_steps=total)
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+        }
+
+
+class DrawsEveryStep(PROJECT.model):
+    """The project's model, with a training loss that draws from torch (dropout), Python
+    and NumPy at every step: the weights then depend on every random state."""
+
+    def training_step(self, batch, batch_idx):
+        output = super().training_step(batch, batch_idx)
+        loss = output["loss"] if isinstance(output, dict) else output
+        kept = torch.nn.functional.dropout(loss.new_ones(()), p=0.5, training=True)
+        scaled = loss * kept * (1 + random.random()) * (1 + float(np.random.rand()))
+        return {**output, "loss": scaled} if isinstance(output, dict) else scaled
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("model", "where"),
+    [(CountsItsSteps, "mid-epoch"), (CountsItsSteps, "epoch end"), (DrawsEveryStep, "mid-epoch")],
+    ids=["OneCycleLR mid-epoch", "OneCycleLR epoch end", "dropout mid-epoch"],
+)
+def test_an_in_process_fit_stopped_and_resumed_is_exact(tmp_path, monkeypatch, model, where):
+    project = dataclasses.replace(PROJECT, model=model)
+    fit = functools.partial(cli.main, project=project)
+    (tmp_path / "uninterrupted").mkdir()
+    monkeypatch.chdir(tmp_path / "uninterrupted")
+    fit(["fit", *FLAGS])
+    steps = steps_per_epoch(Path.cwd())
+    (tmp_path / "stopped").mkdir()
+    monkeypatch.chdir(tmp_path / "stopped")
+    stop = steps * 3 // 2 if where == "mid-epoch" else steps
+    with pytest.raises(SIGTERMException):
+        fit(["fit", *FLAGS], callbacks=[StopAt(stop)])
+    fit(["fit", "--ckpt_path=last", *FLAGS])
+    assert_same_run(Path.cwd(), tmp_path / "uninterrupted")
