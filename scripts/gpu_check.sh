@@ -7,7 +7,9 @@
 #   2. benchmarks it on CUDA: the plain fp32 loop, the project in fp32 and in the
 #      resolved precision, eager and compiled, with samples/s, data wait, MFU and
 #      peak memory, as a table and a JSON file (GPU_CHECK_OUTPUT, default
-#      build/gpu-check/gpu_check.json).
+#      build/gpu-check/gpu_check.json);
+#   3. runs the project's `bench` on CUDA (its figures and verdict beside that
+#      file, in bench.json).
 # On a machine without CUDA it says so in one line and exits 1.
 #
 # Where it gets its packages:
@@ -53,3 +55,7 @@ echo "==> GPU tests of the rendered project" >&2
 (cd "$project" && PYTHONPATH=src "$PYTHON" -m pytest -q -n 0 -m gpu -p no:cacheprovider)
 echo "==> Benchmark on CUDA" >&2
 "$PYTHON" benchmarks/gpu.py --output "$out"
+echo "==> The project's own bench on CUDA: where a step's time goes, and the verdict" >&2
+bench_out="$(dirname "$out")/bench.json"
+(cd "$project" && PYTHONPATH=src "$PYTHON" -m my_lightning_project bench --json) >"$bench_out"
+cat "$bench_out"

@@ -127,3 +127,5 @@ def test_gpu_check_runs_the_gpu_tests_and_the_benchmark(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rows = json.loads(output.read_text())["rows"]
     assert len(rows) == 5 and all(row["samples_per_s"] > 0 for row in rows.values())
+    bench = json.loads((tmp_path / "bench.json").read_text())
+    assert bench["device"].startswith("cuda") and bench["mfu"] is not None, bench

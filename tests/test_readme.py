@@ -104,11 +104,21 @@ RENDERED_RULES = [
         "covered tests/test_cluster.py (the script under a recording srun, with SIF)",
     ),
     (r"\S+ doctor( --json)?", "run"),
+    (r"\S+ bench( --steps \d+)?( --json)?", "run"),
     (
         r"\S+ sweep( .*)?",
         "covered tests/test_sweep.py: short sweeps over a small space (trials pruned, a killed"
         " sweep continued, two workers on one study) and configs/sweep.yaml checked against fit;"
         " the default 20 trials of 20 epochs are too long for a test",
+    ),
+    (
+        r"\S+ repeat --seeds 3 -- --trainer\.max_epochs 5",
+        "shorten --trainer.max_epochs 1 --trainer.limit_train_batches 2",
+    ),
+    (
+        r"\S+ repeat --seeds \d+( --workers \d+)?",
+        "covered tests/test_repeat.py: three-seed and three-fold repeats of a short epoch against"
+        " a hand calculation, and a killed repeat of two workers continued",
     ),
     (r"\S+ doctor --require-gpu", "run" if GPU else "expect 1"),
     (r"tensorboard --logdir logs", "server http://localhost:6006"),

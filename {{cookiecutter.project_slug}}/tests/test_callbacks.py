@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.profilers import SimpleProfiler
 from support import FakeClock, main
 from torch.utils.data import DataLoader, TensorDataset
@@ -172,7 +173,7 @@ def test_the_bar_redraws_every_interval_and_at_the_last_batch(tmp_path, monkeypa
         max_epochs=1,
         callbacks=[bar],
         default_root_dir=tmp_path,
-        logger=False,
+        logger=CSVLogger(tmp_path),
         enable_checkpointing=False,
         enable_model_summary=False,
     )
@@ -180,7 +181,8 @@ def test_the_bar_redraws_every_interval_and_at_the_last_batch(tmp_path, monkeypa
     # Steps end at 0.2, 0.4, ... s: drawn at the first, then every 0.6 s, and at the last.
     assert drawn == [1, 4, 7, 8]
     assert bar.train_progress_bar.n == 8
-    assert bar.get_metrics(trainer, trainer.lightning_module)["shown"] == 8.0
+    shown = bar.get_metrics(trainer, trainer.lightning_module)
+    assert shown["shown"] == 8.0 and "v_num" not in shown  # the logger's version is not shown
 
 
 def test_the_cli_uses_the_bar_and_leaves_it_out_when_disabled(workdir):

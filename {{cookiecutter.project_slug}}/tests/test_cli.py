@@ -7,6 +7,7 @@ marked `target` and runs only when asked for (`pytest -m target`).
 """
 
 import csv
+import logging
 import re
 import shutil
 import warnings
@@ -209,6 +210,12 @@ def test_predict_writes_a_row_per_sample_and_no_run(trained_checkpoint, workdir)
     assert [int(row["index"]) for row in rows] == list(range(expected))
     assert list(rows[0])[0] == "index" and len(rows[0]) > 1
     assert not made_a_run(workdir)
+
+
+def test_lightnings_adverts_do_not_reach_the_console(workdir, caplog):
+    with caplog.at_level(logging.INFO):
+        main(["--trainer.logger=false"], run=False)  # where Lightning offers its service
+    assert caplog.records and not [r for r in caplog.records if "Tip:" in r.getMessage()]
 
 
 def test_no_deprecation_warning_of_lightning_reaches_the_console(workdir):

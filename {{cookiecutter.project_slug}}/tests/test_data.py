@@ -4,6 +4,8 @@ split DataModule's contract (any Dataset, a collate function, the predict split)
 Kit test: the last tests run whatever DataModule `project.py` names.
 """
 
+import pickle
+
 import pytest
 import torch
 from host_syncs import CopiesToDevice
@@ -140,6 +142,16 @@ def test_split_datamodule_takes_any_dataset_a_collate_and_a_predict_split(monkey
     datamodule.hparams.predict_split = "unlabelled"
     with pytest.raises(KeyError, match=r"no 'unlabelled' split: SentenceData.make_splits\(\)"):
         datamodule.predict_dataloader()
+
+
+def test_workers_started_by_spawn_or_forkserver_get_the_module_without_its_trainer():
+    datamodule = SentenceData(batch_size=4)
+    datamodule.trainer = Trainer(accelerator="cpu", devices=1, logger=False)
+    datamodule.trainer.cli_parser = lambda: None  # as unpicklable as a CLI's parser
+    datamodule.setup("fit")
+    copy = pickle.loads(pickle.dumps(datamodule.collate_fn))  # what such a worker gets
+    assert copy.__self__.trainer is None and datamodule.trainer is not None
+    assert set(copy([datamodule.splits["train"][0]])) == {"tokens", "label"}
 
 
 def test_the_configured_data_gives_batches_for_every_split():

@@ -6,6 +6,8 @@ Kit test: it runs whatever model and data `project.py` names.
 
 import functools
 import logging
+import re
+import shlex
 import shutil
 
 import instruments
@@ -18,6 +20,7 @@ from support import (
     folder_of,
     fork_cli,
     forkserver,
+    load_checkpoint,
     logged_scalars,
     main,
     run_dirs,
@@ -64,9 +67,29 @@ def test_resuming_a_finished_run_says_so_and_how_to_continue(trained_checkpoint,
     assert "is from a finished run: it already trained 2 epochs (max_epochs=2)" in caplog.text
     assert "raise --trainer.max_epochs (e.g. 4)" in caplog.text
     assert cli.trainer.global_step > 0 and run_dirs(workdir) == [run]
-{%- if cookiecutter.logger in ("tensorboard", "csv") %}
-    assert cli.trainer.logger.version == 0  # the progress bar's v_num
-{%- endif %}
+    assert cli.trainer.logger.version == 0
+
+
+@pytest.mark.slow
+def test_a_fit_ends_with_where_its_result_is_and_how_to_go_on(trained_checkpoint, workdir, capsys):
+    shutil.copytree(folder_of(trained_checkpoint), workdir, dirs_exist_ok=True)
+    (run,) = run_dirs(workdir)
+    short = ["--trainer.limit_train_batches=2", "--trainer.limit_val_batches=2"]
+    main(["fit", "--ckpt_path=last", "--trainer.max_epochs=3", *short])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    best, curves, further = last.split(" | ")
+    found = re.fullmatch(rf"Best {re.escape(MONITOR)} (\S+) at epoch (\d+): (\S+)", best)
+    assert found, last
+    saved = load_checkpoint(workdir / found[3])  # the best checkpoint, at its epoch
+    state = next(v for k, v in saved["callbacks"].items() if k.startswith("BestAndLast"))
+    assert f"{state['best_model_score']:.4g}" == found[1]
+    assert saved["epoch"] == int(found[2]) and run_dirs(workdir) == [run]
+    assert curves.startswith("curves: ") and (workdir / curves.split()[-1]).exists(), curves
+    # The command to continue, as printed, continues this run.
+    words = shlex.split(further.removeprefix("continue: "))
+    assert words[:4] == [PROJECT.command, "fit", "--ckpt_path", "last"], further
+    main([*words[1:], *short])
+    assert load_checkpoint(run / "checkpoints" / "last.ckpt")["epoch"] == 5  # max_epochs 6
 
 
 def test_a_continued_run_keeps_its_earlier_metrics(trained_checkpoint, workdir):

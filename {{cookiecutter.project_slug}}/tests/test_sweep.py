@@ -137,14 +137,22 @@ def test_sweep_options_and_fit_flags_are_told_apart():
     assert refused.value.code == 2
 
 
-def test_sweep_is_listed_and_its_help_needs_no_lightning(capsys):
+@pytest.mark.parametrize(
+    ("name", "flags"),
+    [
+        ("sweep", ["--workers", "--storage"]),
+        ("repeat", ["--seeds N", "--folds K"]),
+        ("bench", ["--steps", "--batch-size"]),
+    ],
+)
+def test_a_command_is_listed_and_its_help_needs_no_lightning(capsys, name, flags):
     assert command(["--help"]) == 0
-    assert "  sweep " in capsys.readouterr().out
+    assert f"  {name} " in capsys.readouterr().out
     code = (
         "import sys\n"
         "from {{ cookiecutter.package_name }}.__main__ import main\n"
         "try:\n"
-        "    main(['sweep', '--help'])\n"
+        f"    main([{name!r}, '--help'])\n"
         "except SystemExit as stop:\n"
         "    assert stop.code == 0, stop.code\n"
         "loaded = {m.split('.')[0] for m in sys.modules}\n"
@@ -155,7 +163,7 @@ def test_sweep_is_listed_and_its_help_needs_no_lightning(capsys):
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
     )
     assert result.returncode == 0, result.stderr
-    assert "--workers" in result.stdout and "--storage" in result.stdout
+    assert all(flag in result.stdout for flag in flags), result.stdout
 
 
 @pytest.mark.parametrize("storage", [[], ["--storage=journal.log"]], ids=["sqlite", "journal"])

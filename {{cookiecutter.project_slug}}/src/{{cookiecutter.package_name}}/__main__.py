@@ -2,9 +2,9 @@
 
 It hands the kit the project that project.py describes. `doctor` is dispatched
 before Lightning or your code is imported, so it works (and is fast) even when
-an install is broken; `export` and `sweep` have their own small parsers
-(`sweep --help` answers before Lightning is imported); fit, validate, test and
-predict are the Lightning CLI.
+an install is broken; `export`, `sweep`, `repeat` and `bench` have their own
+small parsers (`sweep`, `repeat` and `bench` answer `--help` before Lightning is
+imported); fit, validate, test and predict are the Lightning CLI.
 """
 
 import difflib
@@ -18,6 +18,8 @@ COMMANDS = {
     "doctor": "is this machine ready to train on its GPU? (never imports Lightning)",
     "export": "write the trained network of a checkpoint as a plain file",
     "sweep": "an Optuna study over fit's flags (configs/sweep.yaml; --workers N, --storage URL)",
+    "repeat": "the same fit over --seeds N or --folds K: the metric's mean, sd and 95% CI",
+    "bench": "where a training step's time goes here, and what to change first",
 }
 
 
@@ -71,6 +73,22 @@ def main(argv: list[str] | None = None) -> int:
         from .kit.sweep import main as sweep
 
         return with_project(sweep, words[1:])
+    if first == "repeat" and any(word in ("-h", "--help") for word in words[1:]):
+        from .kit.repeat import parser as repeat_parser
+
+        repeat_parser(command()).parse_known_args(words[1:])  # prints the help and exits
+    if first == "repeat":
+        from .kit.repeat import main as repeat
+
+        return with_project(repeat, words[1:])
+    if first == "bench" and any(word in ("-h", "--help") for word in words[1:]):
+        from .kit.bench import parser as bench_parser
+
+        bench_parser(command()).parse_known_args(words[1:])  # prints the help and exits
+    if first == "bench":
+        from .kit.bench import main as bench
+
+        return with_project(bench, words[1:])
     if first not in COMMANDS and not first.startswith("-"):
         close = difflib.get_close_matches(first, COMMANDS, n=1)
         guess = f" (did you mean '{close[0]}'?)" if close else ""

@@ -82,12 +82,16 @@ class DigitsDataModule(SplitDataModule):
         split_seed: int = 42,
         predict_split: str = "test",
         on_device: bool | None = None,
+        fold: int = 0,
+        folds: int = 1,
         val_fraction: float = 0.15,
         test_fraction: float = 0.15,
         from_files: bool = False,
         data_dir: str = "data/digits",
     ):
-        super().__init__(batch_size, num_workers, pin_memory, split_seed, predict_split, on_device)
+        super().__init__(
+            batch_size, num_workers, pin_memory, split_seed, predict_split, on_device, fold, folds
+        )
         self.sizes = split_sizes(NUM_SAMPLES, val_fraction, test_fraction)
 
     def prepare_data(self) -> None:
@@ -129,13 +133,17 @@ class SyntheticRegressionDataModule(SplitDataModule):
         split_seed: int = 42,
         predict_split: str = "test",
         on_device: bool | None = None,
+        fold: int = 0,
+        folds: int = 1,
         num_samples: int = 4096,
         in_features: int = 16,
         noise: float = 0.1,
         val_fraction: float = 0.15,
         test_fraction: float = 0.15,
     ):
-        super().__init__(batch_size, num_workers, pin_memory, split_seed, predict_split, on_device)
+        super().__init__(
+            batch_size, num_workers, pin_memory, split_seed, predict_split, on_device, fold, folds
+        )
         self.sizes = split_sizes(num_samples, val_fraction, test_fraction)
 
     def make_splits(self) -> dict[str, Dataset]:

@@ -10,7 +10,7 @@ rarely need to edit it.
                  callbacks as one
     console      train/loss once a logging window, the progress bar, the model summary
     checkpoints  best and last, `--ckpt_path last`, interrupted.ckpt, the file check
-    runs         one run directory per run, continued on resume
+    runs         one run directory per run, continued on resume; the line a fit ends with
     resume       the random states and data position a checkpoint carries: resumes exact
     data         loader settings from the machine, a DataModule built from splits
     health       throughput, data wait, FLOPs and MFU, memory at the end of fit
@@ -21,8 +21,10 @@ rarely need to edit it.
     export       `export`: the trained network, loadable without the checkpoint
     sweep        `sweep`: an Optuna study over fit's flags, its storage and workers
     trial        one trial of a sweep: a fit with its flags, pruned on the metric
+    repeat       `repeat`: one fit over several seeds or folds, its metric's mean and spread
+    bench        `bench`: the loader, the step and the loop timed apart, and a verdict
     stopping     what a sweep and its trials share: their errors, the stop signal
     doctor       `doctor`: is this machine ready to train (never imports Lightning)
     machine      the torch build and the GPUs, for the doctor and the report
-    internals    every private name of Lightning and jsonargparse the kit uses
+    internals    every private name of Lightning, jsonargparse and torch the kit uses
 """

@@ -331,6 +331,7 @@ class BestAndLast(ModelCheckpoint):
     """
 
     _last_before: str | None = None  # last_model_path while `last` is being saved
+    best_epoch: int | None = None  # the epoch the best checkpoint was saved in
     _mid_epoch: tuple[int, Any] = (0, None)  # (every_n_train_steps, train_time_interval)
     _last_time = 0.0  # when the time trigger last fired
     clock: Callable[[], float] = staticmethod(time.monotonic)
@@ -381,6 +382,8 @@ class BestAndLast(ModelCheckpoint):
             self._last_before = None
 
     def _save_checkpoint(self, trainer: Trainer, filepath: str) -> None:
+        if filepath == self.best_model_path:
+            self.best_epoch = trainer.current_epoch
         source, step = last_saved(self)
         same_step = step == trainer.global_step
         # The best file records `last_model_path` as it was before this save:
@@ -399,7 +402,11 @@ class BestAndLast(ModelCheckpoint):
                 return
         super()._save_checkpoint(trainer, filepath)
 
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "best_epoch": self.best_epoch}
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.best_epoch = state_dict.get("best_epoch")
         # A run continued from another path (the project moved, another mount,
         # a relative save_dir become absolute) is still the same run: Lightning
         # would forget its best and last checkpoints and write `last-v1.ckpt`.

@@ -12,6 +12,7 @@ The defaults are the project's config file (`Project.defaults`,
 configs/default.yaml), read before any other.
 """
 
+import logging
 import os
 import sys
 import traceback
@@ -70,6 +71,7 @@ from .resume import ResumeState
 from .runs import (
     DiscardFailedStart,
     FinishRun,
+    FitResult,
     claim_new_run,
     continue_run,
     discard_run,
@@ -97,15 +99,22 @@ ABSOLUTE_SAVE_DIR = {"MLFlowLogger": "mlruns", "WandbLogger": "."}
 
 # What Lightning's own code warns about under newer torch and jsonargparse releases,
 # and its model summary's note on mixed precision: nothing a user can act on.
+# What Lightning prints to sell a service, not about the run (a line's start).
+ADVERTS = ("💡 Tip:",)
 LIBRARY_NOISE = (
     r"`isinstance\(treespec, LeafSpec\)` is deprecated",
     r"Precision .* is not supported by the model summary",
 )
 
 
+def _not_an_advert(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(ADVERTS)
+
+
 def quiet_library_noise() -> None:
-    """Keep the warnings of LIBRARY_NOISE, and the deprecations raised inside
-    Lightning's CLI, off the console."""
+    """Keep the warnings of LIBRARY_NOISE, the deprecations raised inside Lightning's
+    CLI and Lightning's adverts off the console."""
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_not_an_advert)
     for message in LIBRARY_NOISE:
         warnings.filterwarnings("ignore", message)
     inside_the_cli = r"lightning\.pytorch\.cli"
@@ -276,6 +285,7 @@ class ProjectCLI(LightningCLI):
         parser.add_lightning_class_args(ResumeState, "resume_state")
         parser.add_lightning_class_args(DiscardFailedStart, "discard_failed_start")
         parser.add_lightning_class_args(FinishRun, "finish_run")
+        parser.add_lightning_class_args(FitResult, "fit_result")
         parser.add_lightning_class_args(PredictionWriter, "predictions")
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
@@ -344,6 +354,9 @@ class ProjectCLI(LightningCLI):
         writer = find_callback(self.trainer, PredictionWriter)
         if writer is not None:
             writer.columns = self.project.prediction_columns
+        result = find_callback(self.trainer, FitResult)
+        if result is not None:
+            result.command = self.project.command
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
         # `callbacks` are the kit's, one per group of flags (--checkpoint.*, --health.*, ...).

@@ -146,6 +146,13 @@ class TQDMBar(TQDMProgressBar):
         self.interval = interval
         self._drawn_at = -float("inf")
 
+    def get_metrics(self, trainer, pl_module) -> dict[str, Any]:
+        # The logger's version says nothing the run directory does not (the fit's last
+        # line names it), and a W&B or MLflow one is a long id.
+        metrics = super().get_metrics(trainer, pl_module)
+        metrics.pop("v_num", None)
+        return metrics
+
     def _due(self, batch_idx: int, total: float) -> bool:
         """Whether to redraw after `batch_idx` of `total`: the interval passed, or the last."""
         now = self.clock()

@@ -311,6 +311,48 @@ def split_dataset(
     return splits
 
 
+def check_folds(fold: int, folds: int) -> None:
+    """Refuse a fold that is not one of `folds` (and fewer than one fold), by value."""
+    if folds < 1:
+        raise ValueError(f"data.folds={folds}: must be 1 or more (1: the splits as they are)")
+    if not 0 <= fold < folds:
+        raise ValueError(
+            f"data.fold={fold}: must be one of the data.folds={folds} folds, 0 to {folds - 1}"
+        )
+
+
+def fold_splits(splits: dict[str, Dataset], fold: int, folds: int, seed: int) -> dict[str, Dataset]:
+    """Cross-validation: train and val pooled, cut into `folds` folds of the same size (within
+    one sample) in an order fixed by `seed`; val is fold `fold`, train the others; every
+    other split as it was. Across the folds, each sample of the pool is validated on once."""
+    check_folds(fold, folds)
+    if folds == 1:
+        return splits
+    if "train" not in splits or "val" not in splits:
+        raise ValueError(
+            f"data.folds={folds}: folds are cut from a 'train' and a 'val' split;"
+            f" make_splits() returned {sorted(splits)}"
+        )
+    train, val = splits["train"], splits["val"]
+    if isinstance(train, Subset) and isinstance(val, Subset) and train.dataset is val.dataset:
+        pool = Subset(train.dataset, [*train.indices, *val.indices])  # one dataset, sliceable
+    else:
+        pool = ConcatDataset([train, val])
+    if folds > len(pool):
+        raise ValueError(f"data.folds={folds}: more folds than train and val have samples")
+    order = torch.randperm(len(pool), generator=torch.Generator().manual_seed(seed)).tolist()
+    bounds = [len(order) * part // folds for part in range(folds + 1)]
+    held_out = order[bounds[fold] : bounds[fold + 1]]
+    rest = order[: bounds[fold]] + order[bounds[fold + 1] :]
+
+    def subset(indices: list[int]) -> Subset:
+        if isinstance(pool, Subset):
+            return Subset(pool.dataset, [pool.indices[index] for index in indices])
+        return Subset(pool, indices)
+
+    return {**splits, "train": subset(rest), "val": subset(held_out)}
+
+
 class SplitDataModule(LightningDataModule):
     """A LightningDataModule made of named splits, with loader settings from the machine.
 
@@ -321,7 +363,9 @@ class SplitDataModule(LightningDataModule):
     of tensors are sliced a batch at a time and, on a CUDA device where they take
     under a quarter of the free memory, kept there; True keeps them on the
     device whatever their size; False reads them sample by sample through the
-    usual DataLoader path.
+    usual DataLoader path. With `folds` K above 1, train and val are pooled and
+    cut into K folds (fixed by `split_seed`): val is fold `fold`, train the rest
+    (`fold_splits`), so that K runs, one per fold, validate on every sample once.
 
     After `setup`, a split of tensors (a TensorDataset, or a Subset of one, as
     `split_dataset` makes) is a `TensorDataset` whatever `on_device` says:
@@ -340,18 +384,28 @@ class SplitDataModule(LightningDataModule):
         split_seed: int = 42,
         predict_split: str = "test",
         on_device: bool | None = None,
+        fold: int = 0,
+        folds: int = 1,
     ):
         super().__init__()
         if batch_size < 1:
             raise ValueError(f"data.batch_size={batch_size}: must be 1 or more")
+        check_folds(fold, folds)
         self.save_hyperparameters()
         # What was passed here: a subclass need not pass every one on in its own __init__.
         self._given = dict(num_workers=num_workers, pin_memory=pin_memory, on_device=on_device)
-        self._given["predict_split"] = predict_split
+        self._given.update(
+            predict_split=predict_split, split_seed=split_seed, fold=fold, folds=folds
+        )
         self.batch_size = batch_size
         # Resolved in `setup`, once the data and the Trainer are known.
         self.loader_settings: LoaderSettings | None = None
         self.splits: dict[str, Dataset] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        # DataLoader workers started by spawn or forkserver get a pickled copy of the
+        # module whose `collate_fn` they run: without the Trainer, which holds the CLI.
+        return {**self.__dict__, "trainer": None}
 
     def setting(self, name: str) -> Any:
         """A loader setting: as the hyperparameters hold it (what the CLI set), else as
@@ -365,7 +419,8 @@ class SplitDataModule(LightningDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         if not self.splits:
-            self.splits = self.make_splits()
+            fold, folds = self.setting("fold"), self.setting("folds")
+            self.splits = fold_splits(self.make_splits(), fold, folds, self.setting("split_seed"))
         trainer = self.trainer
         device = trainer.strategy.root_device if trainer else None  # None: no Trainer, the CPU
         on_cuda = device is not None and device.type == "cuda"

@@ -19,6 +19,7 @@ from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import CSVLogger as LightningCSVLogger
+from lightning.pytorch.loggers import MLFlowLogger, TensorBoardLogger, WandbLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import DummyLogger, rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_info
@@ -246,6 +247,81 @@ class DiscardFailedStart(Callback):
             end_logger_run(logger)
         discard_run(self._run)
         rank_zero_info(f"Removed {self._run}: the run failed before it had results")
+
+
+def shown_path(path: str | Path) -> str:
+    """A path as a command line wants it: relative to here when it is under here."""
+    path = Path(path)
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def curves_command(trainer: Trainer) -> str | None:
+    """How to look at this run's curves, for the logger it has (a command, a file or
+    an address); None without a logger."""
+    logger = trainer.logger
+    if isinstance(logger, TensorBoardLogger):
+        return f"tensorboard --logdir {shown_path(logger.root_dir)}"
+    if isinstance(logger, LightningCSVLogger):
+        return shown_path(Path(logger.log_dir) / "metrics.csv")
+    if isinstance(logger, MLFlowLogger):
+        if logger.save_dir:  # a local store
+            store = shown_path(logger.save_dir)
+            return f"MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri {store}"
+        return f"the MLflow server's UI, run {logger.run_id}"
+    if isinstance(logger, WandbLogger):
+        run = open_experiment(logger)
+        if run is None:
+            return None
+        if getattr(run.settings, "mode", "") in ("offline", "dryrun"):
+            return f"wandb sync {shown_path(Path(run.dir).parent)}"
+        return str(run.url)
+    return None
+
+
+class FitResult(Callback):
+    """Ends a fit with one line: the best score and its epoch, the best checkpoint,
+    how to look at the run and how to continue it."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.command = "<command>"  # the project's command (set by the kit's CLI)
+        self._line: str | None = None
+
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.enabled and trainer.is_global_zero:
+            self._line = self.line(trainer)
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        # Printed last: after what the loggers print as their runs end.
+        line, self._line = self._line, None
+        if line:
+            print(line, file=sys.stderr)
+
+    def line(self, trainer: Trainer) -> str | None:
+        checkpoint = trainer.checkpoint_callback
+        if checkpoint is None:
+            return None
+        parts = []
+        if checkpoint.best_model_path and checkpoint.best_model_score is not None:
+            epoch = getattr(checkpoint, "best_epoch", None)
+            at = f" at epoch {epoch}" if epoch is not None else ""
+            score, path = float(checkpoint.best_model_score), checkpoint.best_model_path
+            parts.append(f"Best {checkpoint.monitor} {score:.4g}{at}: {shown_path(path)}")
+        elif checkpoint.last_model_path:
+            parts.append(f"Last checkpoint: {shown_path(checkpoint.last_model_path)}")
+        else:
+            return None
+        curves = curves_command(trainer)
+        if curves:
+            parts.append(f"curves: {curves}")
+        further = ""
+        if trainer.max_epochs and trainer.current_epoch >= trainer.max_epochs:
+            further = f" --trainer.max_epochs {2 * trainer.max_epochs}"
+        parts.append(f"continue: {self.command} fit --ckpt_path last{further}")
+        return " | ".join(parts)
 
 
 class FinishRun(Callback):

@@ -38,6 +38,7 @@ import sys
 import time
 import traceback
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -57,7 +58,11 @@ HEARTBEAT_S = 30
 GRACE_S = 300
 # What every trial's fit gets first (the flags after -- can set them back): one
 # line per trial from the sweep instead of a progress bar and a model summary.
-TRIAL_DEFAULTS = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+TRIAL_DEFAULTS = [
+    "--trainer.enable_progress_bar=false",
+    "--trainer.enable_model_summary=false",
+    "--fit_result.enabled=false",
+]
 # How often the flags of a killed or stopped trial are tried again.
 RETRIES = 2
 # A worker stops after this many trials in a row failed with an error.
@@ -115,7 +120,8 @@ def parser(command: str = "<command>") -> argparse.ArgumentParser:
         "--seed",
         type=int,
         help="the sampler's seed (worker i takes seed + i); none by default, so that machines"
-        " sharing a study do not sample the same flags",
+        " sharing a study do not sample the same flags (the grid's order, which they must"
+        " share, is drawn from it in every worker, or from 0)",
     )
     parser.add_argument(
         "--pruner",
@@ -425,15 +431,23 @@ class TrialFailed(Exception):
 class Sweep:
     """One sweep command: its options, its space, its study; what each worker runs."""
 
+    label = "sweep"  # how it signs its lines
+    root = SWEEPS  # where its studies' folders go
+
     def __init__(
-        self, options: argparse.Namespace, fit_args: list[str], project: "Project"
+        self,
+        options: argparse.Namespace,
+        fit_args: list[str],
+        project: "Project",
+        space: dict[str, Any] | None = None,
     ) -> None:
+        """`space`: the distributions to search (default: read from `options.space`)."""
         self.project = project
         self.options = options
         self.fit_args = list(fit_args)
-        self.space = read_space(options.space)
+        self.space = read_space(options.space) if space is None else space
         self.name = options.study or options.space.stem
-        self.folder = SWEEPS / self.name
+        self.folder = self.root / self.name
         self.storage_url = options.storage or f"sqlite:///{(self.folder / 'study.db').as_posix()}"
         if options.sampler == "grid":
             self.grid = grid_of(self.space)
@@ -446,7 +460,7 @@ class Sweep:
 
     def say(self, line: str) -> None:
         several = self.options.workers > 1 and self.worker is not None
-        prefix = f"[sweep worker {self.worker}] " if several else "[sweep] "
+        prefix = f"[{self.label} worker {self.worker}] " if several else f"[{self.label}] "
         print(prefix + line, flush=True)
 
     def sampler(self):
@@ -461,7 +475,9 @@ class Sweep:
             return optuna.samplers.RandomSampler(seed=seed)
         if name == "qmc":
             return optuna.samplers.QMCSampler(seed=seed)
-        return optuna.samplers.GridSampler(self.grid, seed=seed)
+        # The grid sampler numbers its points in an order drawn from its seed: every worker,
+        # on every machine, must draw the same, or two trials get one point and one none.
+        return optuna.samplers.GridSampler(self.grid, seed=self.options.seed or 0)
 
     def pruner(self):
         import optuna
@@ -507,8 +523,8 @@ class Sweep:
             )
         return study, storage
 
-    def record_setup(self, study) -> None:
-        """Keep what the study measures in it; say so when a rerun measures otherwise."""
+    def setup_changes(self, study) -> list[str]:
+        """Keep what the study measures in it; what a rerun measures otherwise."""
         from optuna.distributions import distribution_to_json
 
         setup = {
@@ -519,13 +535,26 @@ class Sweep:
         if "monitor" not in study.user_attrs:
             for key, value in setup.items():
                 study.set_user_attr(key, value)
-            return
-        changed = [key for key, value in setup.items() if study.user_attrs.get(key) != value]
+            return []
+        return [key for key, value in setup.items() if study.user_attrs.get(key) != value]
+
+    def record_setup(self, study) -> None:
+        """Keep what the study measures in it; say so when a rerun measures otherwise."""
+        changed = self.setup_changes(study)
         if changed:
             self.say(
                 f"warning: the study '{self.name}' was started with other {', '.join(changed)}"
                 " than this command's; its earlier scores may not compare with new ones"
             )
+
+    def announce(self, done: int) -> str:
+        """The line that starts the command: the study, and how far it is."""
+        options = self.options
+        return (
+            f"study '{self.name}' in {shown(self.storage_url)}: {self.monitor} ({self.direction}),"
+            f" {done} trial(s) finished, up to {options.trials}; sampler {options.sampler},"
+            f" pruner {options.pruner}, {options.workers} worker(s); runs in {self.folder}/"
+        )
 
     # One worker ---------------------------------------------------------------
 
@@ -864,33 +893,33 @@ def _worker_main(sweep: Sweep, index: int, gpu: str | None, cpus: set[int] | Non
     sys.exit(sweep.work(index))
 
 
-def main(argv: list[str] | None, project: "Project") -> int:
-    """The sweep command; returns the exit code (2: a bad space or option, 130/143: stopped)."""
-    options, fit_args = parse(sys.argv[1:] if argv is None else argv, project.command)
+def optuna_missing(command: str) -> bool:
+    """Whether Optuna or its Lightning callback is missing (then say how to install them)."""
     try:
         import optuna  # noqa: F401
         import optuna_integration  # noqa: F401
     except ImportError as error:
         print(
-            f"error: sweep needs Optuna ({error.name} is missing):"
+            f"error: {command} needs Optuna ({error.name} is missing):"
             ' pip install -e ".[sweep]" (the [dev] extra includes it)',
             file=sys.stderr,
         )
-        return 2
+        return True
+    return False
+
+
+def run(make: Callable[[], Sweep]) -> int:
+    """Open the study of the sweep `make()` builds, run its workers, report; the exit code."""
     try:
-        sweep = Sweep(options, fit_args, project)
+        sweep = make()
         study, storage = sweep.open_study()
         sweep.record_setup(study)
     except SweepError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     done = len([t for t in study.get_trials(deepcopy=False) if t.state.is_finished()])
-    sweep.say(
-        f"study '{sweep.name}' in {shown(sweep.storage_url)}: {sweep.monitor} ({sweep.direction}),"
-        f" {done} trial(s) finished, up to {options.trials}; sampler {options.sampler},"
-        f" pruner {options.pruner}, {options.workers} worker(s); runs in {sweep.folder}/"
-    )
-    if options.workers > 1:
+    sweep.say(sweep.announce(done))
+    if sweep.options.workers > 1:
         close_storage(storage)
         code = sweep.run_workers()
     else:
@@ -901,3 +930,11 @@ def main(argv: list[str] | None, project: "Project") -> int:
         code = sweep.work(study=study)
     completed = sweep.report(study)
     return code if code or completed else 1
+
+
+def main(argv: list[str] | None, project: "Project") -> int:
+    """The sweep command; returns the exit code (2: a bad space or option, 130/143: stopped)."""
+    options, fit_args = parse(sys.argv[1:] if argv is None else argv, project.command)
+    if optuna_missing("sweep"):
+        return 2
+    return run(lambda: Sweep(options, fit_args, project))
