@@ -67,7 +67,6 @@ def test_resuming_a_finished_run_says_so_and_how_to_continue(trained_checkpoint,
     assert "is from a finished run: it already trained 2 epochs (max_epochs=2)" in caplog.text
     assert "raise --trainer.max_epochs (e.g. 4)" in caplog.text
     assert cli.trainer.global_step > 0 and run_dirs(workdir) == [run]
-    assert cli.trainer.logger.version == 0
 
 
 @pytest.mark.slow
@@ -87,8 +86,9 @@ def test_a_fit_ends_with_where_its_result_is_and_how_to_go_on(trained_checkpoint
     assert curves.startswith("curves: ") and (workdir / curves.split()[-1]).exists(), curves
     # The command to continue, as printed, continues this run.
     words = shlex.split(further.removeprefix("continue: "))
-    assert words[:4] == [PROJECT.command, "fit", "--ckpt_path", "last"], further
-    main([*words[1:], *short])
+    command = shlex.split(PROJECT.command)  # the console script, or `python -m <package>`
+    assert words[: len(command) + 3] == [*command, "fit", "--ckpt_path", "last"], further
+    main([*words[len(command) :], *short])
     assert load_checkpoint(run / "checkpoints" / "last.ckpt")["epoch"] == 5  # max_epochs 6
 
 
