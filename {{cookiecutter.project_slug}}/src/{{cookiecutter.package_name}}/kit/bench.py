@@ -215,10 +215,7 @@ class Bench:
         from .cli import main
 
         args = [*QUIET, f"--trainer.max_steps={self.steps}", *self.flags, *extra]
-        with warnings.catch_warnings():
-            # The bench's own command line is not the fit's: that is intended.
-            warnings.filterwarnings("ignore", "LightningCLI's args parameter is intended")
-            return main(args, self.project, run=False)
+        return main(args, self.project, run=False)
 
     def loader_rate(self, loader: Any) -> tuple[float | None, int]:
         """(a): samples/s over up to `steps` batches, after the first (workers starting)."""

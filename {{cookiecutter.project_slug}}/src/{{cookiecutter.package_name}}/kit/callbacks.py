@@ -9,6 +9,7 @@ loader settings are read from the training DataLoader itself, so they are shown
 for any DataModule.
 """
 
+from collections.abc import Mapping
 from contextlib import nullcontext
 from itertools import chain
 from typing import Any
@@ -29,17 +30,25 @@ def torch_build() -> str:
     return build_name(torch.version.cuda, getattr(torch.version, "hip", None))
 
 
-def train_loader(trainer: Trainer) -> DataLoader | None:
-    """The training DataLoader once the fit loop built it (the first, if there are several)."""
+def train_loaders(trainer: Trainer) -> list[Any]:
+    """The training loaders of a fit once its loop built them, however the module or
+    DataModule nested them (one, a list, a dict)."""
     try:
         loaders = trainer.train_dataloader
     except AttributeError:  # no fit loop data yet
-        return None
-    if isinstance(loaders, dict):
-        loaders = next(iter(loaders.values()), None)
-    elif isinstance(loaders, list | tuple):
-        loaders = loaders[0] if loaders else None
-    return loaders if isinstance(loaders, DataLoader) else None
+        return []
+    if isinstance(loaders, Mapping):
+        return list(loaders.values())
+    if isinstance(loaders, list | tuple):
+        return list(loaders)
+    return [] if loaders is None else [loaders]
+
+
+def train_loader(trainer: Trainer) -> DataLoader | None:
+    """The training DataLoader once the fit loop built it (the first, if there are several)."""
+    loaders = train_loaders(trainer)
+    first = loaders[0] if loaders else None
+    return first if isinstance(first, DataLoader) else None
 
 
 def loader_facts(trainer: Trainer) -> dict[str, Any]:

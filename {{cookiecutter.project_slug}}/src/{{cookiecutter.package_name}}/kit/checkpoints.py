@@ -468,8 +468,9 @@ class InterruptCheckpoint(OnExceptionCheckpoint):
 
     # A stop lands between two steps: then the checkpoint holds one consistent state
     # (weights, optimizer, random states, data position) that a resume continues
-    # exactly. Lightning alone stops a single process on SIGTERM only at the
-    # epoch's end, and on Ctrl-C wherever the KeyboardInterrupt lands.
+    # exactly. Lightning alone stops on SIGTERM after the step in progress (not
+    # on one that arrives between steps, in an epoch's start), and on Ctrl-C
+    # wherever the KeyboardInterrupt lands.
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._ctrl_c = False
         on_main_thread = threading.current_thread() is threading.main_thread()

@@ -442,23 +442,26 @@ def main(
         parser_kwargs["default_config_files"] = defaults
     for subcommand in LightningCLI.subcommands():
         parser_kwargs[subcommand] = {"allow_abbrev": False, "default_config_files": defaults}
-    return cli_class(
-        project.model,
-        project.datamodule,
-        project=project,
-        args=args,
-        trainer_defaults=trainer_defaults,
-        parser_class=type("ProjectParser", (ProjectParser,), {"command": project.command}),
-        parser_kwargs=parser_kwargs,
-        # The model builds its own optimizer in configure_optimizers, so the
-        # CLI's generic --optimizer/--lr_scheduler groups stay off.
-        auto_configure_optimizers=False,
-        # config.yaml goes into the run's directory, beside checkpoints/; a
-        # resumed run rewrites it in the directory it continues.
-        save_config_callback=SaveRunConfig,
-        save_config_kwargs={"overwrite": True},
-        **cli_kwargs,
-    )
+    with warnings.catch_warnings():
+        if args is not None:  # run by code (bench, a sweep's trial, tests), not this command line
+            warnings.filterwarnings("ignore", "LightningCLI's args parameter is intended")
+        return cli_class(
+            project.model,
+            project.datamodule,
+            project=project,
+            args=args,
+            trainer_defaults=trainer_defaults,
+            parser_class=type("ProjectParser", (ProjectParser,), {"command": project.command}),
+            parser_kwargs=parser_kwargs,
+            # The model builds its own optimizer in configure_optimizers, so the
+            # CLI's generic --optimizer/--lr_scheduler groups stay off.
+            auto_configure_optimizers=False,
+            # config.yaml goes into the run's directory, beside checkpoints/; a
+            # resumed run rewrites it in the directory it continues.
+            save_config_callback=SaveRunConfig,
+            save_config_kwargs={"overwrite": True},
+            **cli_kwargs,
+        )
 
 
 def run(args: list[str] | None, project: Project) -> int:

@@ -26,6 +26,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
+from .callbacks import train_loaders
 from .data import ResumableLoader
 from .internals import loader_states_unused, restart_train_iteration
 
@@ -57,16 +58,6 @@ def set_random_states(states: Mapping[str, Any], device: torch.device | None = N
     torch.set_rng_state(states["torch"])
     if "cuda" in states and device is not None and device.type == "cuda":
         torch.cuda.set_rng_state(states["cuda"], device)
-
-
-def train_loaders(trainer: Trainer) -> list[Any]:
-    """The training DataLoaders of a fit, however the module or DataModule nested them."""
-    loaders = trainer.train_dataloader
-    if isinstance(loaders, Mapping):
-        return list(loaders.values())
-    if isinstance(loaders, list | tuple):
-        return list(loaders)
-    return [] if loaders is None else [loaders]
 
 
 class ResumeState(Callback):

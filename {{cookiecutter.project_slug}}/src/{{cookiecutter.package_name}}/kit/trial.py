@@ -10,7 +10,6 @@ checkpoint was kept for.
 import gc
 import os
 import signal
-import warnings
 from functools import partial
 from pathlib import Path
 
@@ -97,10 +96,7 @@ def fit_trial(
     monitor = project.monitor
     callbacks = [PyTorchLightningPruningCallback(trial, monitor=monitor), TrialRecord(trial)]
     try:
-        with warnings.catch_warnings():
-            # The sweep's own command line is not the trial's: that is intended.
-            warnings.filterwarnings("ignore", "LightningCLI's args parameter is intended")
-            cli = main(["fit", *args], project, callbacks=callbacks, cli_class=cli_class)
+        cli = main(["fit", *args], project, callbacks=callbacks, cli_class=cli_class)
     except SIGTERMException as stop:
         raise Interrupted(signal.SIGTERM) from stop
     except SystemExit as stop:  # Lightning's end of a Ctrl-C, or a refused flag
