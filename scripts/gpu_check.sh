@@ -9,7 +9,9 @@
 #      peak memory, as a table and a JSON file (GPU_CHECK_OUTPUT, default
 #      build/gpu-check/gpu_check.json);
 #   3. runs the project's `bench` on CUDA (its figures and verdict beside that
-#      file, in bench.json).
+#      file, in bench.json);
+#   4. one FSDP fit on every GPU (configs/fsdp.yaml: bf16 parameters, fp32
+#      reduction), its folder of shards exported to a .pt2.
 # On a machine without CUDA it says so in one line and exits 1.
 #
 # Where it gets its packages:
@@ -59,3 +61,11 @@ echo "==> The project's own bench on CUDA: where a step's time goes, and the ver
 bench_out="$(dirname "$out")/bench.json"
 (cd "$project" && PYTHONPATH=src "$PYTHON" -m my_lightning_project bench --json) >"$bench_out"
 cat "$bench_out"
+echo "==> One FSDP fit on CUDA (configs/fsdp.yaml), exported from its shards" >&2
+fsdp_log="$(dirname "$out")/fsdp_fit.log"
+(cd "$project" && PYTHONPATH=src "$PYTHON" -m my_lightning_project fit --config configs/fsdp.yaml \
+    --trainer.max_epochs 2 --trainer.enable_progress_bar false --trainer.default_root_dir fsdp \
+    --trainer.logger.init_args.save_dir fsdp) >"$fsdp_log" 2>&1 || { tail -40 "$fsdp_log"; exit 1; }
+grep -E "^(fsdp:|precision:|Training health|Best)" "$fsdp_log" || true
+(cd "$project" && PYTHONPATH=src "$PYTHON" -m my_lightning_project export \
+    --ckpt_path fsdp/logs/version_0/checkpoints/last.ckpt --output fsdp.pt2)

@@ -104,6 +104,7 @@ RENDERED_RULES = [
         "covered tests/test_cluster.py (the script under a recording srun, with SIF)",
     ),
     (r"\S+ doctor( --json)?", "run"),
+    (r"\S+ doctor --memory( --world-size \d+ --devices-free-gib \d+)?", "run"),
     (r"\S+ bench( --steps \d+)?( --json)?", "run"),
     (
         r"\S+ sweep( .*)?",

@@ -83,16 +83,18 @@ def expected_files(package: str, answers: dict) -> set[str]:
     users = "__init__ __main__ data model project"
     kit = (
         "__init__ callbacks checkpoints cli console data doctor export hardware health hints"
-        " bench internals machine peaks predict repeat resume runs spec stopping sweep trial"
+        " bench internals machine memory peaks predict repeat resume runs sharding spec stopping"
+        " sweep trial"
     )
     tests = (
         "conftest host_syncs instruments test_bad_input test_bench test_callbacks test_checkpoints"
+        " test_fsdp test_memory"
         " test_cli test_compile test_data test_ddp test_doctor test_example test_export test_faults"
         " test_gpu test_hardware test_health test_hints test_imports test_internals test_model"
         " test_peaks test_repeat test_resume test_runs test_sweep test_syncs"
     )
     support = "__init__ batches fits processes project readers"
-    configs = "accumulate ddp debug default gpu profile sweep"
+    configs = "accumulate ddp debug default fsdp gpu profile sweep"
     files = {
         ".gitignore",
         ".pre-commit-config.yaml",

@@ -15,7 +15,7 @@ COMMANDS = {
     "validate": "evaluate a checkpoint on the validation split (--ckpt_path FILE)",
     "test": "evaluate a checkpoint on the test split (--ckpt_path FILE)",
     "predict": "write predictions.csv from a checkpoint (--ckpt_path FILE)",
-    "doctor": "is this machine ready to train on its GPU? (never imports Lightning)",
+    "doctor": "is this machine ready to train on its GPU? (--memory: will the model fit?)",
     "export": "write the trained network of a checkpoint as a plain file",
     "sweep": "an Optuna study over fit's flags (configs/sweep.yaml; --workers N, --storage URL)",
     "repeat": "the same fit over --seeds N or --folds K: the metric's mean, sd and 95% CI",
@@ -60,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     if first == "doctor":
         from .kit.doctor import main as doctor
 
-        return doctor(words[1:], command=f"{command()} doctor")
+        # The project (and with it Lightning) is imported only for `doctor --memory`.
+        return doctor(words[1:], command=f"{command()} doctor", project=project)
     if first == "sweep" and any(word in ("-h", "--help") for word in words[1:]):
         from .kit.sweep import parser
 

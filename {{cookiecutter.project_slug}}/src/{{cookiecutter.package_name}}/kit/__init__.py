@@ -12,6 +12,7 @@ rarely need to edit it.
     checkpoints  best and last, `--ckpt_path last`, interrupted.ckpt, the file check
     runs         one run directory per run, continued on resume; the line a fit ends with
     resume       the random states and data position a checkpoint carries: resumes exact
+    sharding     FSDP2 for any network, sharded checkpoints written whole, joined for export
     data         loader settings from the machine, a DataModule built from splits
     health       throughput, data wait, FLOPs and MFU, memory at the end of fit
     peaks        the peak FLOP/s of current GPUs
@@ -25,6 +26,7 @@ rarely need to edit it.
     bench        `bench`: the loader, the step and the loop timed apart, and a verdict
     stopping     what a sweep and its trials share: their errors, the stop signal
     doctor       `doctor`: is this machine ready to train (never imports Lightning)
+    memory       `doctor --memory`: bytes per rank under DDP and FSDP, and whether they fit
     machine      the torch build and the GPUs, for the doctor and the report
     internals    every private name of Lightning, jsonargparse and torch the kit uses
 """

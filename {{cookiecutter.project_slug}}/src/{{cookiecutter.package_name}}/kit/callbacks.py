@@ -3,10 +3,11 @@
 `EnvironmentReport` prints, once on rank 0 when training starts, everything that
 decides where and how fast the run goes: versions and build of torch, the GPUs
 (the free memory of its own), accelerator, strategy, world size, precision, batch
-sizes and loader settings. A wrong line here (a CPU build of torch, one device
-where you asked for eight) is cheaper to spot than a slow week. Batch size and
-loader settings are read from the training DataLoader itself, so they are shown
-for any DataModule.
+sizes and loader settings, and the memory per rank of the weights, gradients
+and optimizer state, replicated (DDP) and sharded (FSDP) at the run's world size.
+A wrong line here (a CPU build of torch, one device where you asked for eight)
+is cheaper to spot than a slow week. Batch size and loader settings are read
+from the training DataLoader itself, so they are shown for any DataModule.
 """
 
 from collections.abc import Mapping
@@ -18,11 +19,13 @@ import lightning
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.profilers import PassThroughProfiler
+from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
 from .hints import RUN_CONTEXT
 from .machine import build_name, cuda_devices
+from .memory import human, params_of, per_rank
 
 
 def torch_build() -> str:
@@ -77,6 +80,38 @@ def loader_facts(trainer: Trainer) -> dict[str, Any]:
     }
 
 
+def data_parallel_size(trainer: Trainer) -> int:
+    """The ranks that shard (FSDP) or replicate (DDP) the model: the world size, less
+    a ModelParallelStrategy's tensor-parallel dimension once its mesh is set up."""
+    if isinstance(trainer.strategy, ModelParallelStrategy):
+        try:
+            mesh = trainer.strategy.device_mesh
+        except RuntimeError:  # before the processes are set up
+            return trainer.world_size
+        if "data_parallel" in (mesh.mesh_dim_names or ()):
+            return mesh["data_parallel"].size()
+    return trainer.world_size
+
+
+def memory_facts(trainer: Trainer) -> dict[str, Any] | None:
+    """Bytes per rank of the live model's weights (and buffers), gradients and optimizer
+    state, held whole (DDP) and sharded (FSDP) over this run's ranks (kit/memory.py).
+    Cheap: shapes only; activations need a step, so `doctor --memory` measures them.
+    None without a model, or under FSDP1, whose flattened shards hide the shapes."""
+    module = trainer.lightning_module
+    if module is None or isinstance(trainer.strategy, FSDPStrategy):
+        return None
+    params, buffers, optimizer = params_of(module, trainer.optimizers or None)
+    ranks = data_parallel_size(trainer)
+    return {
+        "optimizer": optimizer.name,
+        "ranks": ranks,
+        "ddp_bytes": per_rank(params, ranks, False, buffers).states,
+        "fsdp_bytes": per_rank(params, ranks, True, buffers).states,
+        "sharded": isinstance(trainer.strategy, ModelParallelStrategy),
+    }
+
+
 def collect_environment(trainer: Trainer) -> dict[str, Any]:
     """The facts of the report, as plain values (tests and scripts read these)."""
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
@@ -99,6 +134,7 @@ def collect_environment(trainer: Trainer) -> dict[str, Any]:
         "matmul_precision": torch.get_float32_matmul_precision(),
         "accumulate_grad_batches": trainer.accumulate_grad_batches,
         **loader_facts(trainer),
+        "memory": memory_facts(trainer),
     }
 
 
@@ -130,6 +166,15 @@ def format_environment(facts: dict[str, Any]) -> str:
         lines.append(
             f"loader: num_workers {facts['num_workers']} | pin_memory {facts['pin_memory']}"
             f" | persistent_workers {facts['persistent_workers']}"
+        )
+    memory = facts.get("memory")
+    if memory:
+        ranks = f"{memory['ranks']} rank{'s' if memory['ranks'] != 1 else ''}"
+        lines.append(
+            f"memory per rank (weights, gradients, {memory['optimizer']} state):"
+            f" DDP {human(memory['ddp_bytes'])} | FSDP over {ranks} {human(memory['fsdp_bytes'])}"
+            f" | this run {'shards' if memory['sharded'] else 'replicates'}"
+            " | activations: see doctor --memory"
         )
     width = max(len(line) for line in lines)
     rule = "-" * min(width, 100)

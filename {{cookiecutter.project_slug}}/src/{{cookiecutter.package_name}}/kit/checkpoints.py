@@ -39,6 +39,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from .internals import (
+    DCP_METADATA,
     accumulating,
     forget_step_saved,
     last_saved,
@@ -54,6 +55,9 @@ from .runs import continue_run, is_first_process, run_candidates
 
 RESUMABLE = ("last.ckpt", "interrupted.ckpt")
 PARTIAL = ".partial"  # the suffix of a checkpoint being written
+COMMITTED = "COMMITTED"  # written last into a sharded checkpoint folder: it is complete
+PARTIAL_FOLDER = ".partial"  # the suffix of a folder being written
+OLD_FOLDER = ".old"  # the previous folder, for the moment between two renames
 # Checking every byte's CRC costs about a second a GB; above this, only the structure.
 CRC_CHECK_MAX_BYTES = 2 * 1024**3
 
@@ -238,6 +242,13 @@ def check_checkpoint(path: str | Path) -> Path:
     its member's CRC.
     """
     file = Path(path)
+    if is_sharded(file, committed_or_not=True):  # a folder of shards (configs/fsdp.yaml)
+        problem = check_sharded(file)
+        if problem:
+            raise CheckpointError(
+                f"checkpoint folder '{file}' is not usable: {problem}; use another checkpoint"
+            )
+        return file
     if not file.is_file():
         raise CheckpointError(f"checkpoint '{file}' does not exist or is not a file")
     size = file.stat().st_size
@@ -271,8 +282,14 @@ def resume_candidates(runs: Iterable[Path], root: Path | None = None) -> list[Pa
         files += [folder / name for name in RESUMABLE] + list(folder.glob("best-*.ckpt"))
     if root is not None:
         files += root.glob("hpc_ckpt_*.ckpt")
-    files = [file for file in files if file.is_file()]
-    return sorted(files, key=lambda file: file.stat().st_mtime, reverse=True)
+    files = [file for file in files if file.exists()]
+    return sorted(files, key=_written_at, reverse=True)
+
+
+def _written_at(path: Path) -> float:
+    """When a checkpoint was written: a file's mtime, a sharded folder's marker's."""
+    marker = path / COMMITTED
+    return (marker if path.is_dir() and marker.is_file() else path).stat().st_mtime
 
 
 def resolve_last(config: dict[str, Any]) -> Path | None:
@@ -287,7 +304,12 @@ def resolve_last(config: dict[str, Any]) -> Path | None:
     if config.get("ckpt_path") != "last":
         return None
     root = Path(config["trainer"].get("default_root_dir") or ".")
-    candidates = resume_candidates(run_candidates(logger), root)
+    runs = run_candidates(logger)
+    if is_first_process():
+        for run in runs:  # a kill between a sharded save's two renames
+            for done in recover_folders(run / "checkpoints"):
+                rank_zero_info(f"{run / 'checkpoints'}: {done}")
+    candidates = resume_candidates(runs, root)
     for candidate in candidates:
         try:
             check_checkpoint(candidate)
@@ -391,6 +413,7 @@ class BestAndLast(ModelCheckpoint):
         same_path = self._last_before == filepath
         # Only a file our own checkpoint IO wrote is surely whole on disk by now.
         ours = isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
+        ours = ours and not Path(source or "").is_dir()  # a sharded folder is saved again
         if same_step and same_path and ours and source and source != filepath:
             copied = atomic_copy(source, filepath) if trainer.is_global_zero else True
             if trainer.strategy.broadcast(copied):
@@ -568,3 +591,71 @@ class ResumeCheck(Callback):
                 f" {trainer.global_step} steps (max_steps={trainer.max_steps}). To train it"
                 " further, raise --trainer.max_steps."
             )
+
+
+# Sharded checkpoint folders (kit/sharding.py writes them) ----------------------
+
+
+def is_sharded(path: str | Path, committed_or_not: bool = False) -> bool:
+    """Whether `path` is a sharded (distributed) checkpoint folder; with
+    `committed_or_not`, also one whose write did not finish."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return False
+    if (folder / DCP_METADATA).is_file():
+        return True
+    marks = (COMMITTED, ".metadata")
+    return committed_or_not and (
+        any((folder / m).exists() for m in marks) or any(folder.glob("*.distcp"))
+    )
+
+
+def check_sharded(path: Path) -> str | None:
+    """None when `path` is a complete sharded checkpoint folder, else why not."""
+    if not (path / COMMITTED).is_file():
+        return "its write did not finish (no COMMITTED marker)"
+    if not (path / DCP_METADATA).is_file():
+        return f"it has no {DCP_METADATA}"
+    if not (path / ".metadata").is_file():
+        return "it has no .metadata of torch.distributed.checkpoint"
+    return None
+
+
+def recover_folders(directory: Path) -> list[str]:
+    """Finish or undo the swaps a kill interrupted in `directory`: a `<name>.old` whose
+    `<name>` is gone is renamed back; `.partial` folders and stale `.old` ones are removed."""
+    done = []
+    if not directory.is_dir():
+        return done
+    for old in directory.glob(f"*{OLD_FOLDER}"):
+        target = old.with_name(old.name[: -len(OLD_FOLDER)])
+        if old.is_dir() and not target.exists():
+            os.replace(old, target)
+            done.append(f"restored {target.name} from {old.name}")
+        elif old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
+    for partial_folder in directory.glob(f"*{PARTIAL_FOLDER}"):
+        if partial_folder.is_dir():
+            shutil.rmtree(partial_folder, ignore_errors=True)
+            done.append(f"removed {partial_folder.name}")
+    return done
+
+
+def commit_folder(partial_folder: Path, path: Path) -> None:
+    """Mark `partial_folder` complete, then put it where `path` is, replacing what was there
+    (through `<path>.old`, so a kill at any moment leaves one complete folder to resume)."""
+    marker = partial_folder / COMMITTED
+    with open(marker, "w") as file:
+        file.write("complete\n")
+        file.flush()
+        os.fsync(file.fileno())
+    _fsync_directory(partial_folder)
+    old = path.with_name(path.name + OLD_FOLDER)
+    if path.is_dir():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(path, old)
+    elif path.exists():
+        path.unlink()
+    os.replace(partial_folder, path)
+    _fsync_directory(path.parent)
+    shutil.rmtree(old, ignore_errors=True)

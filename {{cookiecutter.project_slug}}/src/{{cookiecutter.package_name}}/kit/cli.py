@@ -51,6 +51,7 @@ from .checkpoints import (
     InterruptCheckpoint,
     ResumeCheck,
     check_checkpoint,
+    is_sharded,
     resolve_last,
     state_dict_mismatch,
 )
@@ -80,6 +81,7 @@ from .runs import (
     run_directory,
     run_of_checkpoint,
 )
+from .sharding import FSDPOptions, consolidated, sharded_strategy
 from .spec import Project
 
 # What each logger needs from the environment before it starts (a variable the
@@ -277,6 +279,7 @@ class ProjectCLI(LightningCLI):
         )
         parser.add_lightning_class_args(TrainLoss, "train_loss")
         parser.add_lightning_class_args(CompileNetwork, "compile")
+        parser.add_class_arguments(FSDPOptions, "fsdp", fail_untyped=False)
         parser.add_lightning_class_args(EnvironmentReport, "environment_report")
         parser.add_lightning_class_args(TrainingHealth, "health")
         parser.add_lightning_class_args(FailureContext, "failure_context")
@@ -313,6 +316,15 @@ class ProjectCLI(LightningCLI):
                 self._start_new_run(config)
             return
         checkpoint = check_checkpoint(ckpt_path)
+        fsdp = config.get("fsdp")
+        if is_sharded(checkpoint) and not (fsdp and fsdp.get("enabled")):
+            if subcommand == "fit":
+                raise CheckpointError(
+                    f"checkpoint '{checkpoint}' is a folder of shards of an FSDP run: continue"
+                    " it with --fsdp.enabled true (or --config configs/fsdp.yaml)"
+                )
+            # Without the sharded strategy, Lightning reads one file: the shards, joined.
+            config["ckpt_path"] = str(consolidated(checkpoint))
         if subcommand not in ("validate", "test"):
             return
         run = run_of_checkpoint(checkpoint)
@@ -381,6 +393,16 @@ class ProjectCLI(LightningCLI):
             for c in callbacks
             if not isinstance(c, ModelCheckpoint | BasePredictionWriter | ProgressBar)
         }
+        options = self._get(self.config_init, "fsdp")
+        if isinstance(options, FSDPOptions) and options.enabled:
+            if config.get("strategy") not in (None, "auto", "fsdp"):
+                raise ConfigError(
+                    f"fsdp.enabled with trainer.strategy={config['strategy']!r}: FSDP is the"
+                    " strategy; leave trainer.strategy out (configs/fsdp.yaml does)"
+                )
+            config["strategy"] = sharded_strategy(
+                options, self.project.network, self.project.shard_blocks
+            )
         trainer = super()._instantiate_trainer(config, callbacks)
         # The config callback Lightning's CLI added is the kit's too.
         own |= {id(c) for c in trainer.callbacks if isinstance(c, SaveConfigCallback)}

@@ -8,6 +8,11 @@ broken, and it answers fast.
     <command> doctor                # the report; exit 0 unless torch is missing
     <command> doctor --require-gpu  # exit 1 unless a GPU is usable (CI, job scripts)
     <command> doctor --json         # the same facts as one JSON object
+    <command> doctor --memory       # and will the project's model fit, per rank, under DDP
+                                    # or FSDP (--world-size N, --devices-free-gib X; kit/memory.py)
+
+`--memory` needs the project, so it imports Lightning and your code; the plain
+doctor never does.
 """
 
 import argparse
@@ -18,11 +23,16 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from importlib import metadata
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .machine import build_name, cuda_devices
+
+if TYPE_CHECKING:
+    from .memory import Built
+    from .spec import Project
 
 
 @dataclass(frozen=True)
@@ -265,25 +275,142 @@ def format_report(facts: dict[str, Any], findings: list[Finding]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None, command: str = "doctor") -> int:
-    """`command` is how the report's usage names itself (the console command's `doctor`)."""
+def parser(command: str = "doctor") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=command,
         description="Check torch, CUDA, the driver and the GPUs, and say what to fix.",
+        epilog="With --memory, flags after `--` go to fit's parser, e.g. `-- --config"
+        " configs/gpu.yaml --data.batch_size 256`.",
+        allow_abbrev=False,
     )
     parser.add_argument("--require-gpu", action="store_true", help="exit 1 unless a GPU is usable")
     parser.add_argument("--json", action="store_true", help="print the facts as one JSON object")
-    args = parser.parse_args(argv)
+    group = parser.add_argument_group("memory (imports Lightning and the project)")
+    group.add_argument(
+        "--memory",
+        action="store_true",
+        help="estimate the memory per rank of the project's model under DDP and FSDP and say"
+        " which fits; exit 1 when neither does",
+    )
+    group.add_argument(
+        "--world-size", type=int, help="ranks to plan for (default: the visible GPUs, else 1)"
+    )
+    group.add_argument(
+        "--devices-free-gib",
+        type=float,
+        metavar="GIB",
+        help="plan for GPUs with this much free memory each, not this machine's",
+    )
+    group.add_argument("--precision", help="the run's precision (default: what fit would use here)")
+    return parser
+
+
+MEMORY_ONLY = ("world_size", "devices_free_gib", "precision")
+
+
+def main(
+    argv: list[str] | None = None,
+    command: str = "doctor",
+    project: "Project | Callable[[], Project] | None" = None,
+) -> int:
+    """`command` is how the report's usage names itself (the console command's `doctor`).
+    `project` (or a function returning it, called only for `--memory`) is what
+    `--memory` estimates."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    flags: list[str] = []
+    if "--" in words:
+        at = words.index("--")
+        words, flags = words[:at], words[at + 1 :]
+    args = parser(command).parse_args(words)
+    given = [name for name in MEMORY_ONLY if getattr(args, name) is not None]
+    if (given or flags) and not args.memory:
+        named = ", ".join(f"--{name.replace('_', '-')}" for name in given) or "flags after `--`"
+        print(f"error: {named}: only with --memory", file=sys.stderr)
+        return 2
     facts = collect()
     findings = diagnose(facts)
     ok = usable_gpu(facts) if args.require_gpu else facts["torch"].get("importable", False)
+    memory = None
+    if args.memory:
+        memory = memory_plan(args, project, flags)
+        if isinstance(memory, str):
+            print(memory, file=sys.stderr)
+            return 2
     if args.json:
-        print(json.dumps({**facts, "problems": [asdict(f) for f in findings], "ok": ok}, indent=2))
+        report = {**facts, "problems": [asdict(f) for f in findings], "ok": ok}
+        if memory is not None:
+            from .memory import plan_json
+
+            report["memory"] = plan_json(memory)
+        print(json.dumps(report, indent=2))
     else:
         print(format_report(facts, findings))
+        if memory is not None:
+            from .memory import format_plan
+
+            print(f"\n{format_plan(memory)}")
         if args.require_gpu and not ok:
             print("doctor --require-gpu: no usable GPU (see the problems above).", file=sys.stderr)
+    if memory is not None and memory.kind == "neither":
+        return 1
     return 0 if ok else 1
+
+
+def memory_plan(args: argparse.Namespace, project: Any, flags: list[str]) -> Any:
+    """The plan of `--memory` (kit/memory.py), or the one-line error to print."""
+    if project is None:
+        return "error: --memory needs the project: run it as `<command> doctor --memory`"
+    from .memory import check_world_size, estimate
+
+    try:
+        if args.world_size is not None:
+            check_world_size(args.world_size)  # before project.py is imported
+    except ValueError as error:
+        return f"error: {error}"
+    try:
+        described = project() if callable(project) else project
+    except ValueError as error:
+        return f"error: project.py: {error}"
+    try:
+        return estimate(
+            lambda: build_for_memory(described, flags),
+            args.world_size,
+            args.devices_free_gib,
+            args.precision,
+        )
+    except ValueError as error:  # a value it refused; the message names it
+        return f"error: {error}"
+
+
+def build_for_memory(project: "Project", flags: list[str]) -> "Built":
+    """The project's model on the meta device and its DataModule, configured as `fit`
+    would (configs/default.yaml, then `flags`); the classes' defaults where the CLI
+    cannot build them on the meta device and no flags were given."""
+    from .bench import quiet_fits
+    from .cli import main
+    from .hardware import cuda_capabilities, resolve_precision
+    from .memory import META, Built, MemoryPlanError, configure_model, short
+
+    args = ["--trainer.logger=false", "--trainer.enable_progress_bar=false", *flags]
+    try:
+        with quiet_fits(), META:
+            cli = main(args, project, run=False)
+            configure_model(cli.model)
+        return Built(cli.model, cli.datamodule, str(cli.trainer.precision))
+    except (Exception, SystemExit) as error:  # SystemExit: the parser printed why
+        if flags:
+            detail = "" if isinstance(error, SystemExit) else f": {short(error)}"
+            raise MemoryPlanError(
+                f"fit refused the flags after `--` ({' '.join(flags)}){detail}"
+            ) from error
+        why = short(error) if isinstance(error, Exception) else "its parser refused the config"
+    with META:
+        model = project.model()
+        configure_model(model)
+    cuda, bf16 = cuda_capabilities()
+    precision = resolve_precision("cuda" if cuda else "cpu", bf16)
+    note = f"the model's defaults: the CLI could not build it on the meta device ({why})"
+    return Built(model, project.datamodule(), precision, [note])
 
 
 if __name__ == "__main__":

@@ -58,6 +58,7 @@ from .checkpoints import (
     check_checkpoint,
     state_dict_mismatch,
 )
+from .sharding import consolidated
 from .spec import BATCH_ONLY, Project, network_of
 
 COMPILED = "_orig_mod."  # what torch.compile's wrapper adds to every key
@@ -135,7 +136,10 @@ def build_module(cls: type, hyper_parameters: dict[str, Any]) -> nn.Module:
 
 def read_checkpoint(ckpt_path: str | Path) -> dict[str, Any]:
     """A Lightning checkpoint, checked and loaded the safe way (weights_only)."""
-    checkpoint = torch.load(check_checkpoint(ckpt_path), map_location="cpu", weights_only=True)
+    path = check_checkpoint(ckpt_path)
+    if path.is_dir():  # a sharded checkpoint (configs/fsdp.yaml): its shards joined
+        path = consolidated(path)
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     if "state_dict" not in checkpoint:
         raise ExportError(f"checkpoint '{ckpt_path}' has no state_dict: not from Lightning")
     return checkpoint
@@ -152,6 +156,8 @@ def load_checkpoint_module(
     `checkpoint` is the file, when it has been read already.
     """
     path = check_checkpoint(ckpt_path)
+    if path.is_dir():
+        path = consolidated(path)
     if checkpoint is None:
         checkpoint = read_checkpoint(path)
     recorded = dict(checkpoint.get("hyper_parameters") or {}).get("_class_path")

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_info
 
 from .spec import network_of
 
@@ -96,4 +97,14 @@ class CompileNetwork(Callback):
                 f"compile.enabled: {type(pl_module).__name__} has several submodules with"
                 " weights; name the one to compile as Project.network in project.py"
             )
+        from .sharding import FSDP2Strategy, find_blocks
+
+        if isinstance(trainer.strategy, FSDP2Strategy):
+            # FSDP gathers each block's parameters before it runs: compiled whole, the
+            # network would trace those collectives; torchtitan compiles per block too.
+            blocks = find_blocks(network, trainer.strategy.blocks) or [network]
+            for block in blocks:
+                block.compile(mode=self.mode)
+            rank_zero_info(f"compile: each of {len(blocks)} blocks on its own, under FSDP")
+            return
         network.compile(mode=self.mode)

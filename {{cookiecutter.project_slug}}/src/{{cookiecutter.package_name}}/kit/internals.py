@@ -186,3 +186,23 @@ def wrong_type(text: str) -> tuple[str, str, list[str]] | None:
             name = _CLASS.sub(r"\1", kind)
             expected.append("null" if name == "NoneType" else name)
     return key.group(1), given.group(1), expected
+
+
+# The file beside a sharded checkpoint's shards that holds everything else of it
+# (loops, callbacks, hyperparameters), as Lightning's ModelParallelStrategy names it.
+DCP_METADATA = "meta.pt"
+
+
+def dcp_save(state: dict[str, Any], folder: Any) -> None:
+    """Each rank writes its shards of `state` into `folder` (kit/sharding.py)."""
+    from lightning.fabric.strategies.fsdp import _distributed_checkpoint_save
+
+    _distributed_checkpoint_save(state, folder)
+
+
+def dcp_load_full(folder: Any) -> dict[str, Any]:
+    """A sharded checkpoint folder unsharded into one process's memory, `meta.pt`
+    included, with no process group (kit/sharding.py's consolidate)."""
+    from lightning.fabric.utilities.load import _load_distributed_checkpoint
+
+    return _load_distributed_checkpoint(folder)

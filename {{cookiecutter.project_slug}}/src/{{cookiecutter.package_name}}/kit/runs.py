@@ -320,6 +320,8 @@ class FitResult(Callback):
         further = ""
         if trainer.max_epochs and trainer.current_epoch >= trainer.max_epochs:
             further = f" --trainer.max_epochs {2 * trainer.max_epochs}"
+        if type(trainer.strategy).__name__ == "FSDP2Strategy":  # its checkpoints are shards
+            further += " --fsdp.enabled true"
         parts.append(f"continue: {self.command} fit --ckpt_path last{further}")
         return " | ".join(parts)
 

@@ -51,6 +51,10 @@ class Project:
     """The dimensions an export leaves free, the same for every input, by position:
     `{0: "batch", 1: "length"}` for sequences. None: the batch alone."""
 
+    shard_blocks: tuple[str, ...] | None = None
+    """What FSDP (configs/fsdp.yaml) shards one by one: class names ("TransformerBlock") or
+    module paths ("layers.*") of the network. None: every block the network repeats."""
+
     prediction_columns: Callable[[Any], Mapping[str, Any]] | None = None
     """`predict`'s CSV columns, from one batch of `predict_step` outputs. None: the
     kit's (a class per row for 2-D scores, the values themselves otherwise)."""

@@ -255,6 +255,30 @@ def flag_value(value: Any) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
+def fsdp_requested(fit_args: list[str], defaults: Any, space: dict[str, Any]) -> str | None:
+    """What turns FSDP on for the trials, if anything does: a flag, a searched flag, or
+    a config file (the project's defaults or a `--config`) that sets fsdp.enabled."""
+    import yaml
+
+    words = [part for arg in fit_args for part in arg.split("=", 1)]
+    for index, word in enumerate(words):
+        following = words[index + 1] if index + 1 < len(words) else ""
+        if word == "--fsdp.enabled" and following.lower() in ("true", "1", "yes"):
+            return "--fsdp.enabled true"
+    files = [defaults] if defaults else []
+    files += [words[i + 1] for i, word in enumerate(words[:-1]) if word == "--config"]
+    for file in files:
+        try:
+            loaded = yaml.safe_load(Path(file).read_text()) or {}
+        except (OSError, yaml.YAMLError):
+            continue  # the fit itself names what is wrong with it
+        fsdp = loaded.get("fsdp") if isinstance(loaded, dict) else None
+        if isinstance(fsdp, dict) and fsdp.get("enabled") is True:
+            return str(file)
+    searched = [name for name in space if name.startswith("fsdp.")]
+    return f"the searched flag {searched[0]}" if searched else None
+
+
 def as_flags(values: dict[str, Any]) -> list[str]:
     return [f"--{name}={flag_value(value)}" for name, value in values.items()]
 
@@ -446,6 +470,13 @@ class Sweep:
         self.options = options
         self.fit_args = list(fit_args)
         self.space = read_space(options.space) if space is None else space
+        sharded = fsdp_requested(self.fit_args, project.defaults, self.space)
+        if sharded:
+            raise SweepError(
+                f"{sharded} asks for FSDP: a trial trains in its worker's process on one"
+                " device, and FSDP shards over several; sweep without it (a smaller model or"
+                " batch), then fit the best config with --config configs/fsdp.yaml"
+            )
         self.name = options.study or options.space.stem
         self.folder = self.root / self.name
         self.storage_url = options.storage or f"sqlite:///{(self.folder / 'study.db').as_posix()}"

@@ -1,0 +1,762 @@
+"""`<command> doctor --memory`: will the model fit, per rank, under DDP or FSDP?
+
+    <command> doctor --memory                      # this machine's GPUs, world size = their count
+    <command> doctor --memory --world-size 8       # plan a run over 8 ranks
+    <command> doctor --memory --devices-free-gib 139 --world-size 8   # plan for other GPUs
+    <command> doctor --memory --json               # the figures, in bytes
+    <command> doctor --memory -- --config configs/gpu.yaml --data.batch_size 256
+
+The project's model is built on the meta device (no weights allocated), with
+the configuration `fit` would use (configs/default.yaml, then the flags after
+`--`). Per rank, it counts:
+
+- parameters (and buffers), gradients and optimizer state, from the parameter
+  shapes and the optimizer `configure_optimizers` builds: under DDP every rank
+  holds all of it; under FSDP (FSDP2's `fully_shard`) each parameter is split on
+  dim 0 into world-size chunks padded to the largest, so a rank holds
+  ceil(dim0 / world size) rows of each (`shard_numel`); buffers are not sharded;
+- the activation peak of one training step at the per-device batch, measured
+  by torch's MemTracker on fake tensors (no memory, no compute), or, where the
+  step cannot run on fake tensors, by one real step of a tiny batch on the CPU
+  scaled linearly to the batch;
+- the free memory of each visible GPU (`torch.cuda.mem_get_info`).
+
+Then a verdict, keeping `HEADROOM` of the smallest GPU's free memory for the
+CUDA context, the allocator's fragmentation and communication buffers: DDP
+fits; only FSDP fits (`fit --config configs/fsdp.yaml`); or neither (and what
+to try). The arithmetic is in pure functions (`shard_numel`, `state_slots`,
+`per_rank`, `verdict`), tested against hand-calculated figures.
+"""
+
+import copy
+import math
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+GIB = 1024**3
+# Modules built under `with META:` (a torch.device is a context manager) hold meta
+# tensors: shapes and dtypes, no memory. Made without the constructor's call, which
+# tests/test_model.py keeps out of the source as the sign of a hard-coded device.
+META = torch.empty(0, device="meta").device
+# The share of the smallest GPU's free memory left out of the verdict: the CUDA
+# context and cuDNN/cuBLAS workspaces, the caching allocator's fragmentation, and
+# the communication buffers of DDP (its gradient buckets) or FSDP.
+HEADROOM = 0.10
+FSDP_CONFIG = "configs/fsdp.yaml"
+# The optimizer assumed when `configure_optimizers` cannot be called on the meta model.
+ASSUMED_OPTIMIZER = "AdamW"
+# The tiny batch of the real-step fallback, scaled linearly to the per-device batch,
+# and the most weights (bytes) it builds for real in host memory.
+TINY_BATCH = 2
+REAL_STEP_LIMIT = 2 * 1024**3
+
+# Tensors of a parameter's size each optimizer keeps per parameter, by class name,
+# as torch.optim's implementations do (their scalar `step` tensors are not counted).
+# Options that add one are in `state_slots`. Written out because torch.optim
+# creates its state at the first step and has no way to say its size before.
+STATE_SLOTS = {
+    "Adam": 2,  # exp_avg, exp_avg_sq (+ max_exp_avg_sq with amsgrad)
+    "AdamW": 2,
+    "NAdam": 2,  # exp_avg, exp_avg_sq (mu_product is a scalar)
+    "RAdam": 2,
+    "Adamax": 2,  # exp_avg, exp_inf
+    "Adadelta": 2,  # square_avg, acc_delta
+    "Rprop": 2,  # prev, step_size
+    "Adagrad": 1,  # sum
+    "ASGD": 1,  # ax
+    "RMSprop": 1,  # square_avg (+ momentum_buffer, + grad_avg when centered)
+    "SGD": 0,  # (+ momentum_buffer with momentum)
+}
+
+DTYPE_NAMES = {
+    torch.float32: "fp32",
+    torch.bfloat16: "bf16",
+    torch.float16: "fp16",
+    torch.float64: "fp64",
+}
+# `--trainer.precision` values: (the dtype the weights are held in, the autocast dtype).
+PRECISIONS: dict[str, tuple[torch.dtype | None, torch.dtype | None]] = {
+    "32-true": (None, None),
+    "32": (None, None),
+    "bf16-mixed": (None, torch.bfloat16),
+    "16-mixed": (None, torch.float16),
+    "bf16-true": (torch.bfloat16, None),
+    "16-true": (torch.float16, None),
+    "64-true": (torch.float64, None),
+}
+
+
+# The arithmetic ----------------------------------------------------------------
+
+
+def check_world_size(world_size: int) -> None:
+    if world_size < 1:
+        raise ValueError(
+            f"--world-size {world_size}: must be 1 or more (the number of ranks: one per GPU,"
+            " over every node)"
+        )
+
+
+def shard_numel(shape: Sequence[int], world_size: int) -> int:
+    """Elements of one rank's shard of a parameter under FSDP2 (`fully_shard`).
+
+    FSDP2 splits each parameter on dim 0 with `torch.chunk` and pads every shard
+    to the first one's size: ceil(dim0 / world_size) rows a rank, on every rank
+    (the last ranks hold padding). A 0-dim parameter counts as one row.
+    """
+    # FSDP2 computes this only inside `fully_shard`, which needs a process group.
+    check_world_size(world_size)
+    rows, *rest = tuple(shape) or (1,)
+    return math.ceil(rows / world_size) * math.prod(rest)
+
+
+def state_slots(
+    kind: str, momentum: float = 0.0, amsgrad: bool = False, centered: bool = False
+) -> int | None:
+    """Tensors of a parameter's size and dtype that optimizer `kind` keeps per
+    parameter; None for an optimizer this table does not know."""
+    slots = STATE_SLOTS.get(kind)
+    if slots is None:
+        return None
+    if kind in ("Adam", "AdamW") and amsgrad:
+        slots += 1
+    if kind in ("SGD", "RMSprop") and momentum:
+        slots += 1
+    if kind == "RMSprop" and centered:
+        slots += 1
+    return slots
+
+
+@dataclass(frozen=True)
+class Param:
+    """What memory one parameter costs: its (global, unsharded) shape, the bytes of
+    one element, whether it is trained (a gradient) and its optimizer's state slots."""
+
+    shape: tuple[int, ...]
+    itemsize: int
+    trainable: bool = True
+    slots: int = 2
+
+
+@dataclass(frozen=True)
+class PerRank:
+    """Bytes one rank holds. `activations` None: not measured."""
+
+    parameters: int
+    gradients: int
+    optimizer_state: int
+    activations: int | None = None
+
+    @property
+    def states(self) -> int:
+        """Parameters, gradients and optimizer state: what does not depend on the batch."""
+        return self.parameters + self.gradients + self.optimizer_state
+
+    @property
+    def total(self) -> int:
+        return self.states + (self.activations or 0)
+
+
+def per_rank(
+    params: Iterable[Param],
+    world_size: int = 1,
+    sharded: bool = False,
+    buffer_bytes: int = 0,
+    activations: int | None = None,
+) -> PerRank:
+    """Bytes per rank: every rank holds everything (`sharded` False: DDP, or one
+    device), or a dim-0 shard of every parameter, its gradient and its optimizer
+    state (`sharded`: FSDP over `world_size` data-parallel ranks). Gradients and
+    state are in the parameter's dtype (as torch.optim keeps them); buffers are
+    not sharded."""
+    check_world_size(world_size)
+    weights = grads = state = 0
+    for p in params:
+        numel = shard_numel(p.shape, world_size) if sharded else math.prod(p.shape)
+        size = numel * p.itemsize
+        weights += size
+        if p.trainable:
+            grads += size
+            state += p.slots * size
+    return PerRank(weights + buffer_bytes, grads, state, activations)
+
+
+def smallest_fitting_world_size(
+    params: Sequence[Param], budget: int, buffer_bytes: int, activations: int, limit: int = 4096
+) -> int | None:
+    """The least FSDP world size whose per-rank total fits `budget` bytes; None below `limit`."""
+    if buffer_bytes + activations >= budget:
+        return None
+    low, high = 1, limit
+    if per_rank(params, high, True, buffer_bytes, activations).total > budget:
+        return None
+    while low < high:  # the per-rank total only falls as the world size grows
+        middle = (low + high) // 2
+        if per_rank(params, middle, True, buffer_bytes, activations).total <= budget:
+            high = middle
+        else:
+            low = middle + 1
+    return low
+
+
+def verdict(
+    ddp: PerRank,
+    fsdp: PerRank,
+    free: Sequence[int],
+    world_size: int,
+    headroom: float = HEADROOM,
+    needed_world_size: int | None = None,
+) -> tuple[str, str]:
+    """(kind, text): "no-gpu", "ddp", "fsdp" or "neither", against the smallest of the
+    `free` byte counts less `headroom`."""
+    margin = f"{100 * headroom:.0f}% headroom"
+    if not free:
+        return "no-gpu", (
+            "no GPU visible here, nothing to compare with: --devices-free-gib X plans for"
+            " GPUs with X GiB free each"
+        )
+    budget = int(min(free) * (1 - headroom))
+    usable = f"{human(budget)} usable (the smallest GPU's {human(min(free))} free, less {margin})"
+    partial = " (activations not measured: the totals are lower bounds)"
+    partial = partial if ddp.activations is None else ""
+    if ddp.total <= budget:
+        return "ddp", f"DDP fits: {human(ddp.total)} per rank, {usable}{partial}"
+    if fsdp.total <= budget:
+        return "fsdp", (
+            f"DDP does not fit: {human(ddp.total)} per rank, {usable}; FSDP over {world_size}"
+            f" ranks does, at {human(fsdp.total)}: train with `fit --config {FSDP_CONFIG}`{partial}"
+        )
+    if fsdp.activations is not None and fsdp.activations >= budget:
+        more = f" (the activations alone take {human(fsdp.activations)}: more devices do not"
+        more += " shrink them)"
+    elif needed_world_size and needed_world_size > world_size:
+        more = f", or more devices (FSDP fits from {needed_world_size} ranks)"
+    else:
+        more = ", or more devices"
+    return "neither", (
+        f"neither fits: DDP needs {human(ddp.total)} per rank and FSDP over {world_size} ranks"
+        f" {human(fsdp.total)}, {usable}. Try activation checkpointing"
+        f" (`fit --config {FSDP_CONFIG} --fsdp.activation_checkpointing true`) or a smaller"
+        " per-device batch (--data.batch_size) with --trainer.accumulate_grad_batches to keep"
+        f" the effective batch{more}{partial}"
+    )
+
+
+def human(size: int | float | None) -> str:
+    """Bytes in the binary unit that keeps 3 significant digits: '3.82 MiB'."""
+    if size is None:
+        return "not measured"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(size) < 1024 or unit == "GiB":
+            if unit == "B":
+                return f"{int(size)} B"
+            return f"{size:.3g} {unit}" if abs(size) < 1000 else f"{size:.0f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+# The model, its optimizer and a step --------------------------------------------
+
+
+def optimizers_in(config: Any) -> list[torch.optim.Optimizer]:
+    """The optimizers a `configure_optimizers` result holds, in any of the shapes
+    Lightning accepts (one, a list, a dict with "optimizer", (optimizers, schedulers)).
+    Lightning's own reader of them (`_configure_optimizers`) is private."""
+    if isinstance(config, torch.optim.Optimizer):
+        return [config]
+    if isinstance(config, Mapping):
+        return optimizers_in(config.get("optimizer"))
+    if isinstance(config, list | tuple):
+        return [found for item in config for found in optimizers_in(item)]
+    return []
+
+
+def optimizers_of(model: nn.Module) -> tuple[list[torch.optim.Optimizer], str | None]:
+    """(the optimizers, None) of the model's `configure_optimizers`, called on the meta
+    model (an optimizer allocates its state at its first step, not before); ([], why)
+    when it cannot be called there."""
+    configure = getattr(model, "configure_optimizers", None)
+    if configure is None:
+        return [], "the model has no configure_optimizers"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            found = optimizers_in(configure())
+    except Exception as error:  # a trainer it reads, a scheduler it needs: anything
+        return [], f"configure_optimizers failed on the meta model ({type(error).__name__})"
+    return (found, None) if found else ([], "configure_optimizers returned no optimizer")
+
+
+def slots_of(optimizer: torch.optim.Optimizer) -> dict[int, int | None]:
+    """State slots by id(parameter), from each parameter group's own options."""
+    kind = type(optimizer).__name__
+    slots: dict[int, int | None] = {}
+    for group in optimizer.param_groups:
+        count = state_slots(
+            kind,
+            momentum=group.get("momentum", 0.0) or 0.0,
+            amsgrad=bool(group.get("amsgrad", False)),
+            centered=bool(group.get("centered", False)),
+        )
+        for p in group["params"]:
+            slots[id(p)] = count
+    return slots
+
+
+@dataclass
+class OptimizerFacts:
+    name: str  # "AdamW", "SGD+momentum", "AdamW (assumed)"
+    note: str | None  # why it was assumed
+
+
+def params_of(
+    model: nn.Module,
+    optimizers: Sequence[torch.optim.Optimizer] | None,
+    weight_dtype: torch.dtype | None = None,
+) -> tuple[list[Param], int, OptimizerFacts]:
+    """(the parameters, the buffers' bytes, the optimizer) of `model`, on any device
+    (meta, or sharded as DTensors: their global shapes are read). Without
+    optimizers, AdamW's 2 slots are assumed for every trained parameter; an
+    optimizer the table does not know also gets 2, and the name says so.
+    `weight_dtype`: floating-point weights held in that dtype (bf16-true)."""
+    by_param: dict[int, int | None] = {}
+    for optimizer in optimizers or []:
+        by_param.update(slots_of(optimizer))
+    unknown = sorted(
+        {type(o).__name__ for o in optimizers or [] if type(o).__name__ not in STATE_SLOTS}
+    )
+
+    def itemsize(t: torch.Tensor) -> int:
+        dtype = weight_dtype if weight_dtype and t.is_floating_point() else t.dtype
+        return dtype.itemsize
+
+    params = []
+    for p in model.parameters():
+        if optimizers:
+            slots = by_param.get(id(p), 0)  # not in any optimizer: no state
+            slots = 2 if slots is None else slots
+        else:
+            slots = state_slots(ASSUMED_OPTIMIZER)
+        params.append(Param(tuple(p.shape), itemsize(p), p.requires_grad, slots or 0))
+    buffers = sum(math.prod(b.shape) * itemsize(b) for b in model.buffers())
+    names = []
+    for optimizer in optimizers or []:
+        name = type(optimizer).__name__
+        if any(g.get("momentum") for g in optimizer.param_groups) and name in ("SGD", "RMSprop"):
+            name += "+momentum"
+        names.append(name)
+    if not optimizers:
+        facts = OptimizerFacts(f"{ASSUMED_OPTIMIZER} (assumed)", None)
+    elif unknown:
+        note = f"{', '.join(unknown)}: state not known to the kit, 2 slots assumed as AdamW"
+        facts = OptimizerFacts(" + ".join(names), note)
+    else:
+        facts = OptimizerFacts(" + ".join(names), None)
+    return params, buffers, facts
+
+
+def loss_of(output: Any) -> torch.Tensor:
+    """The loss a training_step returned (a tensor, or a dict with "loss")."""
+    if isinstance(output, Mapping):
+        output = output.get("loss")
+    if not isinstance(output, torch.Tensor):
+        raise TypeError(
+            f"training_step returned {type(output).__name__}, not a loss tensor (manual"
+            " optimization calls backward itself, which needs a Trainer)"
+        )
+    return output
+
+
+def training_step(model: nn.Module, batch: Any) -> torch.Tensor:
+    """One step's loss: the LightningModule's training_step, else the forward summed."""
+    if hasattr(model, "training_step"):
+        return loss_of(model.training_step(batch, 0))
+    args = batch if isinstance(batch, tuple | list) else (batch,)
+    return model(*args).float().sum()
+
+
+def _tracked_peak(model: nn.Module, batch: Any, step: Callable, autocast: torch.dtype | None):
+    """Activations, temporaries and the batch at the peak of forward + backward, as
+    MemTracker's snapshot of that moment has them (bytes, on the step's device)."""
+    from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+
+    model.train()
+    tracker = MemTracker()
+    tracker.track_external(model, *_tensors(batch))
+    context = torch.autocast("cpu", dtype=autocast) if autocast else nullcontext()
+    with warnings.catch_warnings(), tracker:
+        warnings.simplefilter("ignore")  # self.log without a Trainer, and the like
+        with context:
+            loss = step(model, batch)
+        loss.backward()
+    snapshot = tracker.get_tracker_snapshot("peak")
+    kinds = (_MemRefType.ACT, _MemRefType.TEMP, _MemRefType.OTH)  # OTH: the batch
+    return sum(device.get(kind, 0) for device in snapshot.values() for kind in kinds)
+
+
+def _tensors(batch: Any) -> list[torch.Tensor]:
+    from torch.utils._pytree import tree_flatten
+
+    return [t for t in tree_flatten(batch)[0] if isinstance(t, torch.Tensor)]
+
+
+def _map_tensors(fn: Callable[[torch.Tensor], Any], batch: Any) -> Any:
+    from torch.utils._pytree import tree_map_only
+
+    return tree_map_only(torch.Tensor, fn, batch)
+
+
+@dataclass
+class Activations:
+    bytes: int | None
+    method: str  # how it was measured, as the table says it
+
+
+def measure_activations(
+    meta_model: nn.Module,
+    batch: Any,
+    batch_size: int,
+    precision: str = "32-true",
+    step: Callable[[nn.Module, Any], torch.Tensor] = training_step,
+) -> Activations:
+    """The activation peak of one training step of `batch` (`batch_size` samples):
+    on fake tensors first (torch's FakeTensorMode: shapes only, no memory, no
+    compute), else one real CPU step of a tiny slice of the batch, scaled."""
+    weights, autocast = PRECISIONS[precision]
+    try:
+        peak = _fake_peak(meta_model, batch, step, weights, autocast)
+        return Activations(peak, "peak of one step, fake tensors")
+    except Exception as error:  # an op fake tensors cannot run (data-dependent shapes)
+        why = short(error)
+    weight_bytes = sum(p.numel() * (weights or p.dtype).itemsize for p in meta_model.parameters())
+    if weight_bytes > REAL_STEP_LIMIT:
+        return Activations(
+            None,
+            f"not measured: fake tensors failed ({why}), and a real step would take"
+            f" {human(2 * weight_bytes)} of host memory for weights and gradients",
+        )
+    try:
+        tiny = min(TINY_BATCH, batch_size)
+        peak = _real_peak(meta_model, _sliced(batch, batch_size, tiny), step, weights, autocast)
+        scaled = round(peak * batch_size / tiny)
+        return Activations(
+            scaled,
+            f"peak of one real CPU step of batch {tiny}, x{batch_size / tiny:g}"
+            f" (fake tensors failed: {why})",
+        )
+    except Exception as error:
+        return Activations(None, f"not measured: the step failed ({short(error)})")
+
+
+def _fake_peak(model, batch, step, weights, autocast) -> int:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    # allow_non_fake_inputs: to_empty copies the meta weights, and a model may hold
+    # real constant tensors; both become fake as they enter an op.
+    model = _meta_copy(model, weights)  # (outside the mode: fake tensors do not deep-copy)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        model = model.to_empty(device="cpu")
+        fake = _map_tensors(lambda t: _on_cpu(mode.from_tensor(t), t, weights), batch)
+        return _tracked_peak(model, fake, step, autocast)
+
+
+def _meta_copy(model: nn.Module, weights: torch.dtype | None) -> nn.Module:
+    """A copy of the (meta) model to run, its weights in `weights` (true-half precision)."""
+    model = copy.deepcopy(model)
+    return model.to(weights) if weights is not None else model
+
+
+def short(error: BaseException) -> str:
+    """An error in a few words: its type and the first line of its message, cut."""
+    first = (str(error).strip().splitlines() or [""])[0]
+    return f"{type(error).__name__}: {first[:80]}" if first else type(error).__name__
+
+
+def _on_cpu(fake: torch.Tensor, source: torch.Tensor, weights: torch.dtype | None):
+    if source.device.type == "meta":
+        fake = torch.empty(source.shape, dtype=source.dtype)
+    if weights is not None and fake.is_floating_point():
+        fake = fake.to(weights)  # as Lightning's true-half precision casts the batch
+    return fake
+
+
+def _real_peak(model, batch, step, weights, autocast) -> int:
+    model = _meta_copy(model, weights).to_empty(device="cpu")
+    with torch.no_grad():
+        for module in model.modules():  # values to compute with, not uninitialised memory
+            if hasattr(module, "reset_parameters"):
+                module.reset_parameters()
+    if weights is not None:
+        batch = _map_tensors(lambda t: t.to(weights) if t.is_floating_point() else t, batch)
+    batch = _map_tensors(lambda t: t.to("cpu"), batch)
+    return _tracked_peak(model, batch, step, autocast)
+
+
+def _sliced(batch: Any, batch_size: int, size: int) -> Any:
+    """The first `size` samples of every tensor whose first dimension is the batch."""
+    return _map_tensors(lambda t: t[:size] if t.dim() and t.shape[0] == batch_size else t, batch)
+
+
+def batch_size_of(batch: Any, loader: Any = None, datamodule: Any = None) -> int:
+    """The per-device batch: the loader's, else the DataModule's, else the batch's length."""
+    for source in (loader, datamodule):
+        size = getattr(source, "batch_size", None)
+        if isinstance(size, int) and size > 0:
+            return size
+    tensors = _tensors(batch)
+    return int(tensors[0].shape[0]) if tensors and tensors[0].dim() else 1
+
+
+# The GPUs ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    free: int
+    total: int | None = None
+
+
+def visible_gpus() -> list[Gpu]:
+    """Free and total memory of each visible CUDA device, by torch.cuda.mem_get_info."""
+    if not torch.cuda.is_available():
+        return []
+    gpus = []
+    for index in range(torch.cuda.device_count()):
+        free, total = torch.cuda.mem_get_info(index)
+        gpus.append(Gpu(f"cuda:{index}", int(free), int(total)))
+    return gpus
+
+
+def given_gpus(free_gib: float, count: int) -> list[Gpu]:
+    """`count` GPUs with `free_gib` GiB free each (--devices-free-gib)."""
+    if not free_gib > 0:
+        raise ValueError(f"--devices-free-gib {free_gib:g}: must be above 0 (GiB free per GPU)")
+    return [Gpu(f"cuda:{index}", int(free_gib * GIB)) for index in range(count)]
+
+
+def describe_gpus(gpus: Sequence[Gpu], given: bool) -> str:
+    if not gpus:
+        return "GPUs: none visible (torch.cuda.is_available() is False)"
+    if given:
+        return f"GPUs: {len(gpus)} x {human(gpus[0].free)} free each (given: --devices-free-gib)"
+    return "GPUs: " + " | ".join(
+        f"{g.name} {human(g.free)} free" + (f" of {human(g.total)}" if g.total else "")
+        for g in gpus
+    )
+
+
+# The plan --------------------------------------------------------------------------
+
+
+@dataclass
+class Plan:
+    """Everything `doctor --memory` prints."""
+
+    world_size: int
+    batch_size: int | None
+    optimizer: str
+    weights: str  # "fp32 master weights", "bf16 weights"
+    precision: str
+    ddp: PerRank
+    fsdp: PerRank
+    method: str
+    gpus: list[Gpu]
+    given: bool
+    kind: str
+    advice: str
+    counted: str
+    parameter_count: int
+    notes: list[str] = field(default_factory=list)
+    headroom: float = HEADROOM
+
+
+def plan(
+    model: nn.Module,
+    world_size: int,
+    gpus: Sequence[Gpu],
+    activations: Activations,
+    batch_size: int | None = None,
+    precision: str = "32-true",
+    optimizers: Sequence[torch.optim.Optimizer] | None = None,
+    optimizer_note: str | None = None,
+    given: bool = False,
+) -> Plan:
+    """The per-rank figures of `model` (meta, or any device) and the verdict."""
+    check_world_size(world_size)
+    weight_dtype, autocast = PRECISIONS[precision]
+    params, buffers, facts = params_of(model, optimizers, weight_dtype)
+    ddp = per_rank(params, world_size, False, buffers, activations.bytes)
+    fsdp = per_rank(params, world_size, True, buffers, activations.bytes)
+    needed = None
+    if gpus and activations.bytes is not None:
+        budget = int(min(g.free for g in gpus) * (1 - HEADROOM))
+        needed = smallest_fitting_world_size(params, budget, buffers, activations.bytes)
+    kind, advice = verdict(ddp, fsdp, [g.free for g in gpus], world_size, HEADROOM, needed)
+    held = {weight_dtype or p.dtype for p in model.parameters() if p.is_floating_point()}
+    width = " + ".join(sorted(DTYPE_NAMES.get(d, str(d)) for d in held)) or "fp32"
+    weights = f"{width} master weights" if autocast else f"{width} weights"
+    gathered = "FSDP's gathered copy of the block in flight"
+    if autocast is not None:
+        gathered += f" ({DTYPE_NAMES[autocast]})"  # mixed precision gathers in that dtype
+    counted = (
+        "counted: gradients and optimizer state in the weights' dtype; FSDP: ceil(dim0/world"
+        f" size) rows of each parameter a rank, buffers whole. Not counted: {gathered},"
+        " communication buffers, the optimizer step's temporaries"
+    )
+    notes = [n for n in (optimizer_note, facts.note) if n]
+    return Plan(
+        world_size=world_size,
+        batch_size=batch_size,
+        optimizer=facts.name,
+        weights=weights,
+        precision=precision,
+        ddp=ddp,
+        fsdp=fsdp,
+        method=activations.method,
+        gpus=list(gpus),
+        given=given,
+        kind=kind,
+        advice=advice,
+        counted=counted,
+        parameter_count=sum(math.prod(p.shape) for p in params),
+        notes=notes,
+    )
+
+
+def format_plan(p: Plan) -> str:
+    batch = f"per-device batch {p.batch_size}" if p.batch_size else "batch unknown"
+    header = (
+        f"memory per rank (planned world size {p.world_size}, {batch}, {p.optimizer},"
+        f" {p.weights}, precision {p.precision}; {p.parameter_count:,} parameters):"
+    )
+    rows = [
+        ("parameters", p.ddp.parameters, p.fsdp.parameters, ""),
+        ("gradients", p.ddp.gradients, p.fsdp.gradients, ""),
+        ("optimizer state", p.ddp.optimizer_state, p.fsdp.optimizer_state, ""),
+        ("activations", p.ddp.activations, p.fsdp.activations, f"({p.method})"),
+        ("total", p.ddp.total, p.fsdp.total, ""),
+    ]
+    lines = [header, f"{'':18}{'DDP':>12}{'FSDP':>12}"]
+    for name, ddp, fsdp, note in rows:
+        lines.append(f"{name:18}{human(ddp):>12}{human(fsdp):>12}   {note}".rstrip())
+    lines += [f"note: {note}" for note in p.notes]
+    lines += [
+        p.counted,
+        describe_gpus(p.gpus, p.given),
+        f"verdict: {p.advice}",
+    ]
+    return "\n".join(lines)
+
+
+def plan_json(p: Plan) -> dict[str, Any]:
+    """The plan as plain values, bytes throughout."""
+    figures = {}
+    for name, rank in (("ddp", p.ddp), ("fsdp", p.fsdp)):
+        figures[name] = {**asdict(rank), "total": rank.total}
+    return {
+        "world_size": p.world_size,
+        "batch_size": p.batch_size,
+        "parameter_count": p.parameter_count,
+        "optimizer": p.optimizer,
+        "weights": p.weights,
+        "precision": p.precision,
+        **figures,
+        "activations_method": p.method,
+        "gpus": [asdict(g) for g in p.gpus],
+        "free_memory_given": p.given,
+        "headroom": p.headroom,
+        "verdict": p.kind,
+        "advice": p.advice,
+        "counted": p.counted,
+        "notes": p.notes,
+    }
+
+
+# doctor --memory -----------------------------------------------------------------
+
+
+class MemoryPlanError(ValueError):
+    """A memory estimate that cannot be made as asked; the message says why."""
+
+
+@dataclass
+class Built:
+    """The project's model on the meta device, its DataModule and the run's precision,
+    as `fit` would configure them (kit/doctor.py builds them with the CLI)."""
+
+    model: nn.Module
+    datamodule: Any
+    precision: str
+    notes: list[str] = field(default_factory=list)
+
+
+def configure_model(model: nn.Module) -> None:
+    """The layers a LightningModule builds in `configure_model` (as models too big for
+    one device do), built as the Trainer would, here on the meta device."""
+    hook = getattr(model, "configure_model", None)
+    if callable(hook):
+        hook()
+
+
+def first_batch(datamodule: Any) -> tuple[Any, int]:
+    """One training batch of the DataModule (setup("fit") with no Trainer: on the CPU)
+    and the per-device batch size."""
+    datamodule.setup("fit")
+    loader = datamodule.train_dataloader()
+    batch = next(iter(loader))
+    return batch, batch_size_of(batch, loader, datamodule)
+
+
+def estimate(
+    build: Callable[[], Built],
+    world_size: int | None = None,
+    free_gib: float | None = None,
+    precision: str | None = None,
+) -> Plan:
+    """`doctor --memory`'s plan for what `build` makes; `free_gib` in place of this
+    machine's GPUs (tests, and planning for other machines). The values are checked
+    before anything is built; a ValueError's message names the one it refused."""
+    if world_size is not None:
+        check_world_size(world_size)
+    if precision is not None and precision not in PRECISIONS:
+        raise MemoryPlanError(f"--precision {precision}: expected one of {', '.join(PRECISIONS)}")
+    gpus = visible_gpus()
+    planned = world_size or len(gpus) or 1
+    if free_gib is not None:
+        gpus = given_gpus(free_gib, planned)
+    built = build()
+    if precision is None and built.precision not in PRECISIONS:
+        built.notes.append(f"precision {built.precision}: not one the kit plans for; 32-true")
+    precision = precision or (built.precision if built.precision in PRECISIONS else "32-true")
+    optimizers, why = optimizers_of(built.model)
+    note = f"{why}: {ASSUMED_OPTIMIZER} assumed" if why else None
+    try:
+        batch, batch_size = first_batch(built.datamodule)
+    except Exception as error:
+        batch_size = getattr(built.datamodule, "batch_size", None)
+        activations = Activations(
+            None,
+            f"not measured: no batch from the DataModule ({short(error)})",
+        )
+    else:
+        activations = measure_activations(built.model, batch, batch_size, precision)
+    result = plan(
+        built.model,
+        planned,
+        gpus,
+        activations,
+        batch_size,
+        precision,
+        optimizers,
+        note,
+        given=free_gib is not None,
+    )
+    result.notes[:0] = built.notes
+    return result

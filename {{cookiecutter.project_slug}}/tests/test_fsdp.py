@@ -1,0 +1,265 @@
+"""FSDP2 with configs/fsdp.yaml on two CPU processes (gloo): the project's network
+sharded with no code of its own, checkpoints that are folders of shards written
+whole, a killed run resumed exactly, the shards joined for export and test.
+
+Kit test: it runs whatever model and data `project.py` names.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+from instruments import read_records
+from support import (
+    CONFIGS,
+    PROJECT,
+    assert_identical,
+    cli_env,
+    logged_scalars,
+    run_cli,
+    run_dirs,
+    shared,
+)
+from support.processes import SUBPROCESS_TIMEOUT
+from torch import nn
+
+from {{ cookiecutter.package_name }}.kit import cli
+from {{ cookiecutter.package_name }}.kit.checkpoints import (
+    COMMITTED,
+    CheckpointError,
+    CheckpointSaveError,
+    check_checkpoint,
+    commit_folder,
+    recover_folders,
+    resume_candidates,
+)
+from {{ cookiecutter.package_name }}.kit.sharding import (
+    FSDP2Strategy,
+    FSDPOptions,
+    consolidate,
+    find_blocks,
+)
+from {{ cookiecutter.package_name }}.kit.spec import network_of
+from {{ cookiecutter.package_name }}.kit.sweep import fsdp_requested
+
+MONITOR = PROJECT.monitor
+FSDP = (f"--config={CONFIGS / 'fsdp.yaml'}", "--trainer.accelerator=cpu", "--trainer.devices=2")
+FLAGS = (
+    "--trainer.max_epochs=2",
+    "--trainer.enable_progress_bar=false",
+    "--checkpoint.every_n_train_steps=2",
+)
+INSTRUMENTS = "--trainer.callbacks+=instruments.Instruments"
+
+
+class Transformer(nn.Module):
+    """An embedding, three encoder layers (each with an attention inside) and a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(4, 8)
+        layer = nn.TransformerEncoderLayer(8, 2, 16, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 3, enable_nested_tensor=False)
+        self.head = nn.Linear(8, 2)
+
+
+def test_the_repeated_blocks_are_sharded_one_by_one_the_outermost_only():
+    network = Transformer()
+    blocks = find_blocks(network)
+    assert blocks == list(network.encoder.layers)  # not the attention inside each
+    assert find_blocks(network, ["encoder.layers.*"]) == blocks
+    assert find_blocks(network, ["TransformerEncoderLayer"]) == blocks
+    assert find_blocks(network, ["head"]) == [network.head]
+    assert find_blocks(nn.Sequential(nn.Linear(2, 2), nn.ReLU())) == []  # the root alone
+
+
+def test_a_block_name_that_matches_nothing_is_named_with_what_there_is():
+    with pytest.raises(ValueError, match=r"fsdp.blocks: 'Layer' matches no module") as caught:
+        find_blocks(Transformer(), ["Layer"])
+    assert "TransformerEncoderLayer" in str(caught.value)
+
+
+def test_the_projects_network_has_blocks_or_is_sharded_whole():
+    """Whatever the project's model, finding its blocks works and finds modules of it."""
+    _, network = network_of(PROJECT.model(), PROJECT.network)
+    blocks = find_blocks(network, PROJECT.shard_blocks)
+    assert all(any(block is module for module in network.modules()) for block in blocks)
+
+
+def test_tensor_parallelism_and_a_second_strategy_are_refused_by_name(workdir, capsys):
+    with pytest.raises(ValueError, match=r"fsdp.tensor_parallel_size=2: .* data-parallel"):
+        FSDP2Strategy(FSDPOptions(enabled=True, tensor_parallel_size=2))
+    code = cli.run(["fit", "--fsdp.enabled=true", "--trainer.strategy=ddp"], PROJECT)
+    assert code == 2
+    assert "fsdp.enabled with trainer.strategy='ddp'" in capsys.readouterr().err
+    assert not (workdir / "logs").exists() and not (workdir / "mlruns").exists()
+
+
+def shard_folder(path, text: str, committed: bool = True):
+    path.mkdir(parents=True)
+    (path / "meta.pt").write_text(text)
+    (path / ".metadata").write_text(text)
+    if committed:
+        (path / COMMITTED).write_text("complete\n")
+    return path
+
+
+def test_a_sharded_save_replaces_the_folder_whole_and_a_kill_leaves_one_to_resume(tmp_path):
+    folder = tmp_path / "run" / "checkpoints"
+    last = shard_folder(folder / "last.ckpt", "old")
+    commit_folder(shard_folder(folder / "last.ckpt.partial", "new", committed=False), last)
+    assert (last / "meta.pt").read_text() == "new" and (last / COMMITTED).is_file()
+    assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt"]
+    assert check_checkpoint(last) == last
+    assert resume_candidates([tmp_path / "run"]) == [last]
+    # Killed between the two renames: the previous folder is put back, the new one dropped.
+    os.replace(last, folder / "last.ckpt.old")
+    shard_folder(folder / "last.ckpt.partial", "newer")
+    assert recover_folders(folder) == [
+        "restored last.ckpt from last.ckpt.old",
+        "removed last.ckpt.partial",
+    ]
+    assert (last / "meta.pt").read_text() == "new"
+    assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt"]
+
+
+def test_a_folder_whose_write_did_not_finish_is_refused_by_name(tmp_path):
+    unfinished = shard_folder(tmp_path / "best.ckpt", "x", committed=False)
+    with pytest.raises(CheckpointError, match=r"best.ckpt' is not usable: its write did not"):
+        check_checkpoint(unfinished)
+
+
+@pytest.mark.parametrize("wrapped", [False, True], ids=["OSError", "CheckpointException"])
+def test_a_full_disk_during_a_sharded_save_is_one_error_and_keeps_the_last_folder(
+    tmp_path, monkeypatch, wrapped
+):
+    """A real distributed-checkpoint save (one process), then one whose writer fails the
+    way a full disk does (torch.distributed.checkpoint gathers each rank's error)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from {{ cookiecutter.package_name }}.kit import sharding
+
+    strategy, last = FSDP2Strategy(), tmp_path / "checkpoints" / "last.ckpt"
+    weights = {"weight": torch.arange(6.0).reshape(2, 3)}
+    strategy.save_checkpoint({"state_dict": dict(weights), "epoch": 0}, last)
+    assert check_checkpoint(last) == last
+    assert torch.equal(consolidate(last)["state_dict"]["weight"], weights["weight"])
+
+    def full_disk(state, folder):
+        (folder / "__0_0.distcp").write_bytes(b"half")
+        error = OSError(28, "No space left on device")
+        raise CheckpointException("save", {0: (error, None)}) if wrapped else error
+
+    monkeypatch.setattr(sharding, "dcp_save", full_disk)
+    with pytest.raises(CheckpointSaveError, match=r"No space left on device") as caught:
+        strategy.save_checkpoint({"state_dict": {"weight": torch.zeros(2, 3)}, "epoch": 1}, last)
+    assert "last.ckpt" in str(caught.value) and "free" in str(caught.value)
+    assert sorted(p.name for p in last.parent.iterdir()) == ["last.ckpt"]  # no .partial
+    assert consolidate(last)["epoch"] == 0
+
+
+def test_a_sweep_that_would_shard_its_trials_says_why_not(tmp_path):
+    assert fsdp_requested(["--fsdp.enabled=true"], None, {}) == "--fsdp.enabled true"
+    assert fsdp_requested(["--fsdp.enabled", "false"], None, {}) is None
+    config = CONFIGS / "fsdp.yaml"
+    assert fsdp_requested(["--config", str(config)], None, {}) == str(config)
+    assert fsdp_requested([], config, {}) == str(config)
+    assert fsdp_requested([], None, {"fsdp.cpu_offload": None}) == (
+        "the searched flag fsdp.cpu_offload"
+    )
+
+
+# Two processes -----------------------------------------------------------------
+
+
+def fit(folder, *flags: str, env: dict | None = None, check: bool = True):
+    return run_cli("fit", *FLAGS, *FSDP, *flags, cwd=folder, env=env, check=check)
+
+
+def joined(folder):
+    (run,) = run_dirs(folder)
+    return run, consolidate(run / "checkpoints" / "last.ckpt")
+
+
+@pytest.fixture
+def uninterrupted(request, tmp_path_factory):
+    """Two epochs under FSDP on two ranks, made once a session."""
+    return shared(request, tmp_path_factory, "fsdp_uninterrupted", fit)
+
+
+@pytest.mark.slow
+def test_fsdp_shards_the_network_and_saves_folders_of_shards(uninterrupted):
+    (run,) = run_dirs(uninterrupted)
+    folders = sorted((run / "checkpoints").iterdir())
+    assert {f.name for f in folders if f.name.startswith("best-")} and all(
+        f.is_dir() and (f / COMMITTED).is_file() and len(list(f.glob("*.distcp"))) == 2
+        for f in folders
+    )
+    checkpoint = consolidate(run / "checkpoints" / "last.ckpt")
+    _, network = network_of(PROJECT.model(), PROJECT.network)
+    assert checkpoint["global_step"] > 0 and len(checkpoint["optimizer_states"]) == 1
+    # The shards join into the whole network, every weight of its full shape.
+    prefix = PROJECT.network + "." if PROJECT.network else ""
+    for name, tensor in network.state_dict().items():
+        key = next(k for k in checkpoint["state_dict"] if k.endswith(prefix + name))
+        assert checkpoint["state_dict"][key].shape == tensor.shape, key
+
+
+@pytest.mark.slow
+def test_a_killed_fsdp_run_resumes_exactly(workdir, uninterrupted):
+    """Both ranks SIGKILLed together mid-epoch, resumed from the newest complete folder
+    of shards: weights, optimizer state and the logged metric as if never stopped."""
+    _, theirs = joined(uninterrupted)
+    steps = theirs["global_step"] // (theirs["epoch"] + 1)
+    env = cli_env({"INSTRUMENTS_KILL_STEP": str(steps * 3 // 2), "INSTRUMENTS_KILL_GROUP": "1"})
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit"]
+    killed = subprocess.run(
+        [*command, *FLAGS, *FSDP, INSTRUMENTS],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        start_new_session=True,
+        timeout=SUBPROCESS_TIMEOUT,
+    )
+    assert killed.returncode == -signal.SIGKILL
+    resumed = fit(
+        workdir, "--ckpt_path=last", INSTRUMENTS, env={"INSTRUMENTS_RECORD": str(workdir / "s")}
+    )
+    (continued,) = re.findall(r"continue: .*", resumed.stdout + resumed.stderr)
+    assert continued.endswith("--fsdp.enabled true")  # its checkpoints are shards
+    starts = {r["rank"]: r["global_step"] for r in read_records(workdir / "s", "train_start")}
+    assert starts[0] == starts[1] and starts[0] % steps  # both ranks, mid-epoch
+    (run, ours), (their_run, _) = joined(workdir), joined(uninterrupted)
+    assert (ours["epoch"], ours["global_step"]) == (theirs["epoch"], theirs["global_step"])
+    for key in ("state_dict", "optimizer_states", "lr_schedulers"):
+        assert_identical(ours[key], theirs[key], key)
+    assert logged_scalars(run)[MONITOR] == logged_scalars(their_run)[MONITOR]
+
+
+@pytest.mark.slow
+def test_a_folder_of_shards_exports_and_tests_as_the_unsharded_network(workdir, uninterrupted):
+    (run,) = run_dirs(uninterrupted)
+    folder = run / "checkpoints" / "last.ckpt"
+    run_cli("export", "--ckpt_path", str(folder), "--output", "model.pt", cwd=workdir)
+    exported = torch.load(workdir / "model.pt", map_location="cpu", weights_only=True)
+    whole = consolidate(folder)["state_dict"]
+    prefix = exported["attribute"] + "." if exported["attribute"] else ""
+    assert exported["state_dict"].keys() == {
+        key[len(prefix) :] for key in whole if key.startswith(prefix)
+    }
+    for name, tensor in exported["state_dict"].items():
+        assert torch.equal(tensor, whole[prefix + name]), name
+    run_cli("export", "--ckpt_path", str(folder), "--output", "model.pt2", cwd=workdir)
+    tested = run_cli("test", "--ckpt_path", str(folder), "--trainer.logger=false", cwd=workdir)
+    assert "test/" in tested.stdout + tested.stderr
+    # Training on from the shards needs the sharded strategy: said in one line.
+    refused = run_cli("fit", "--ckpt_path", str(folder), cwd=workdir, check=False)
+    assert refused.returncode == 2
+    assert "is a folder of shards of an FSDP run: continue it with --fsdp.enabled true" in (
+        refused.stderr
+    )
+    assert not (workdir / "logs").exists() and not (workdir / "mlruns").exists()
