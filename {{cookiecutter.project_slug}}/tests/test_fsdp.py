@@ -7,9 +7,6 @@ Kit test: it runs whatever model and data `project.py` names.
 
 import os
 import re
-import signal
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -18,13 +15,12 @@ from support import (
     CONFIGS,
     PROJECT,
     assert_identical,
-    cli_env,
     logged_scalars,
     run_cli,
     run_dirs,
     shared,
 )
-from support.processes import SUBPROCESS_TIMEOUT
+from support.processes import killed_together
 from torch import nn
 
 from {{ cookiecutter.package_name }}.kit import cli
@@ -215,17 +211,8 @@ def test_a_killed_fsdp_run_resumes_exactly(workdir, uninterrupted):
     of shards: weights, optimizer state and the logged metric as if never stopped."""
     _, theirs = joined(uninterrupted)
     steps = theirs["global_step"] // (theirs["epoch"] + 1)
-    env = cli_env({"INSTRUMENTS_KILL_STEP": str(steps * 3 // 2), "INSTRUMENTS_KILL_GROUP": "1"})
-    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit"]
-    killed = subprocess.run(
-        [*command, *FLAGS, *FSDP, INSTRUMENTS],
-        cwd=workdir,
-        env=env,
-        capture_output=True,
-        start_new_session=True,
-        timeout=SUBPROCESS_TIMEOUT,
-    )
-    assert killed.returncode == -signal.SIGKILL
+    env = {"INSTRUMENTS_KILL_STEP": str(steps * 3 // 2), "INSTRUMENTS_KILL_GROUP": "1"}
+    killed_together("fit", *FLAGS, *FSDP, INSTRUMENTS, cwd=workdir, env=env)
     resumed = fit(
         workdir, "--ckpt_path=last", INSTRUMENTS, env={"INSTRUMENTS_RECORD": str(workdir / "s")}
     )

@@ -38,7 +38,7 @@ from support import (
     shared,
     wait_for,
 )
-from support.processes import SUBPROCESS_TIMEOUT
+from support.processes import SUBPROCESS_TIMEOUT, killed_together
 
 from {{ cookiecutter.package_name }}.kit import cli
 from {{ cookiecutter.package_name }}.kit.data import SplitDataModule
@@ -199,17 +199,8 @@ def test_under_ddp_each_rank_resumes_exactly(workdir, request, tmp_path_factory)
     uninterrupted = reference(request, tmp_path_factory, *DDP)
     steps = steps_per_epoch(uninterrupted)
     flags = (*FLAGS, *DDP, INSTRUMENTS, "--checkpoint.every_n_train_steps=2")
-    env = cli_env({"INSTRUMENTS_KILL_STEP": str(steps * 3 // 2), "INSTRUMENTS_KILL_GROUP": "1"})
-    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *flags]
-    killed = subprocess.run(
-        command,
-        cwd=workdir,
-        env=env,
-        capture_output=True,
-        start_new_session=True,
-        timeout=SUBPROCESS_TIMEOUT,
-    )
-    assert killed.returncode == -signal.SIGKILL
+    env = {"INSTRUMENTS_KILL_STEP": str(steps * 3 // 2), "INSTRUMENTS_KILL_GROUP": "1"}
+    killed_together("fit", *flags, cwd=workdir, env=env)
     env = {"INSTRUMENTS_RECORD": str(workdir / "seen")}
     run(workdir, "--ckpt_path=last", *flags, ddp=True, env=env)
     # Both ranks resumed mid-epoch, at the same step.

@@ -3,6 +3,7 @@ imported Lightning once; and waiting on what it writes."""
 
 import multiprocessing
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -152,3 +153,17 @@ def wait_for(path: Path, process, timeout: float = SUBPROCESS_TIMEOUT) -> None:
             process.kill()
             raise AssertionError(f"{path.name} did not appear within {timeout} s")
         time.sleep(0.05)
+
+
+def killed_together(*args: str, cwd: Path, env: dict) -> None:
+    """`python -m <package> args...` in a session of its own, until its rank 0 SIGKILLs the
+    whole process group (INSTRUMENTS_KILL_GROUP): a job killed by its scheduler."""
+    killed = subprocess.run(
+        [sys.executable, "-m", PACKAGE, *args],
+        cwd=cwd,
+        env=cli_env(env),
+        capture_output=True,
+        start_new_session=True,
+        timeout=SUBPROCESS_TIMEOUT,
+    )
+    assert killed.returncode == -signal.SIGKILL, failure(" ".join(args), killed)
