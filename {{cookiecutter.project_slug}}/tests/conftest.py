@@ -1,6 +1,7 @@
 """The fixtures: a scratch working directory, the project, and fits shared by every
 test that reads one. What else the tests share is in support/."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def environment():
+    """Each test starts from the session's environment: a run in this process under a
+    distributed strategy sets MASTER_PORT, LOCAL_RANK and the like in os.environ, and a
+    later run (or its subprocesses) would take that rendezvous for its own."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 @pytest.fixture

@@ -20,7 +20,8 @@ variables, which DDP's and torchrun's worker processes inherit:
   epoch n's validation starts;
 - INSTRUMENTS_FAIL_RANK=<r> and INSTRUMENTS_FAIL_STEP=<s>: rank r raises at step s;
 - INSTRUMENTS_KILL_STEP=<s>: the process SIGKILLs itself when step s starts (with
-  INSTRUMENTS_KILL_GROUP=1, rank 0 SIGKILLs its whole process group: every rank);
+  INSTRUMENTS_KILL_GROUP=1, rank 0 SIGKILLs its whole process group: every rank;
+  INSTRUMENTS_KILL_SIGNAL=SIGTERM: rank 0 sends the group SIGTERM instead);
 - INSTRUMENTS_KILL_SAVE=<k>: the process SIGKILLs itself half-way through writing
   the k-th checkpoint it saves (1 = the first);
 - INSTRUMENTS_FILL=<file> and INSTRUMENTS_FILL_EPOCH=<n>: at the start of epoch n,
@@ -120,9 +121,11 @@ class Instruments(Callback):
             pause_until_stopped(trainer)
         kill = os.environ.get("INSTRUMENTS_KILL_STEP")
         if kill and trainer.global_step == int(kill):
+            sent = getattr(signal, os.environ.get("INSTRUMENTS_KILL_SIGNAL", "SIGKILL"))
             if os.environ.get("INSTRUMENTS_KILL_GROUP") and trainer.global_rank == 0:
-                os.killpg(os.getpgid(0), signal.SIGKILL)  # every rank, as a scheduler would
-            os.kill(os.getpid(), signal.SIGKILL)
+                os.killpg(os.getpgid(0), sent)  # every rank, as a scheduler would
+            if sent == signal.SIGKILL:
+                os.kill(os.getpid(), sent)
         rank = os.environ.get("INSTRUMENTS_FAIL_RANK")
         step = os.environ.get("INSTRUMENTS_FAIL_STEP")
         if rank and trainer.global_rank == int(rank) and trainer.global_step == int(step):

@@ -9,7 +9,6 @@ import os
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -27,17 +26,13 @@ from support import (
     run_dirs,
 )
 
+from {{ cookiecutter.package_name }}.kit.machine import free_port
+
 TORCHRUN = PROJECT_ROOT / "scripts" / "torchrun.sh"
 SBATCH = PROJECT_ROOT / "scripts" / "slurm.sbatch"
 SWEEP_ARRAY = PROJECT_ROOT / "scripts" / "sweep.sbatch"
 PYTORCHJOB = PROJECT_ROOT / "k8s" / "pytorchjob.yaml"
 DOCKERFILE = PROJECT_ROOT / "Dockerfile"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def flag(words: list[str], name: str) -> str:

@@ -4,9 +4,13 @@ reshuffled every epoch; one set of outputs; metrics synced over ranks.
 Kit test: it runs whatever model and data `project.py` names.
 """
 
+import os
+from pathlib import Path
+
 import pytest
 import torch
 from instruments import read_records
+from lightning.pytorch import Trainer
 from support import (
     CONFIGS,
     PROJECT,
@@ -20,7 +24,31 @@ from support import (
     run_dirs,
 )
 
+from {{ cookiecutter.package_name }}.kit.cli import choose_rendezvous_port
+from {{ cookiecutter.package_name }}.kit.machine import RENDEZVOUS_PORTS
+
 MONITOR = PROJECT.monitor
+
+
+def test_ranks_on_one_machine_meet_on_a_port_no_connection_can_take(monkeypatch):
+    """Lightning's own choice of MASTER_PORT is an ephemeral port; a rank connecting
+    to it early can be handed it as its source port, and rank 0 then cannot bind it."""
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if k != "MASTER_PORT"})
+    cpu = {"accelerator": "cpu", "logger": False, "enable_checkpointing": False}
+    trainer = Trainer(devices=2, strategy="ddp", **cpu)
+    choose_rendezvous_port(trainer)
+    port = int(os.environ["MASTER_PORT"])
+    assert port in RENDEZVOUS_PORTS and trainer.strategy.cluster_environment.main_port == port
+    ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    if ephemeral.exists():
+        assert port < int(ephemeral.read_text().split()[0])
+
+    os.environ["MASTER_PORT"] = "12910"  # a port the user gives is kept
+    choose_rendezvous_port(Trainer(devices=2, strategy="ddp", **cpu))
+    assert os.environ["MASTER_PORT"] == "12910"
+    del os.environ["MASTER_PORT"]  # one process: no rendezvous
+    choose_rendezvous_port(Trainer(devices=1, **cpu))
+    assert "MASTER_PORT" not in os.environ
 
 
 @pytest.mark.slow

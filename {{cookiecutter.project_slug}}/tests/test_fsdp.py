@@ -7,10 +7,12 @@ Kit test: it runs whatever model and data `project.py` names.
 
 import os
 import re
+import signal
 
 import pytest
 import torch
 from instruments import read_records
+from lightning.pytorch import LightningModule, Trainer
 from support import (
     CONFIGS,
     PROJECT,
@@ -22,6 +24,7 @@ from support import (
 )
 from support.processes import killed_together
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 from {{ cookiecutter.package_name }}.kit import cli
 from {{ cookiecutter.package_name }}.kit.checkpoints import (
@@ -30,6 +33,7 @@ from {{ cookiecutter.package_name }}.kit.checkpoints import (
     CheckpointSaveError,
     check_checkpoint,
     commit_folder,
+    is_sharded,
     recover_folders,
     resume_candidates,
 )
@@ -38,6 +42,7 @@ from {{ cookiecutter.package_name }}.kit.sharding import (
     FSDPOptions,
     consolidate,
     find_blocks,
+    find_parts,
 )
 from {{ cookiecutter.package_name }}.kit.spec import network_of
 from {{ cookiecutter.package_name }}.kit.sweep import fsdp_requested
@@ -71,6 +76,49 @@ def test_the_repeated_blocks_are_sharded_one_by_one_the_outermost_only():
     assert find_blocks(network, ["TransformerEncoderLayer"]) == blocks
     assert find_blocks(network, ["head"]) == [network.head]
     assert find_blocks(nn.Sequential(nn.Linear(2, 2), nn.ReLU())) == []  # the root alone
+
+
+def test_the_networks_other_parts_are_units_of_their_own_unless_they_share_a_weight():
+    network = Transformer()
+    blocks = find_blocks(network)
+    assert find_parts(network, blocks) == [network.embed, network.head]  # encoder: blocks only
+    network.head = nn.Linear(8, 4, bias=False)
+    network.embed = nn.Linear(4, 8, bias=False)
+    network.head.weight = network.embed.weight  # tied: both stay with the network
+    assert find_parts(network, blocks) == []
+
+
+class CallsPartsOneByOne(LightningModule):
+    """A step that calls the network's parts itself, never the network's forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = Transformer()
+
+    def training_step(self, batch, batch_idx):
+        hidden = self.net.encoder(self.net.embed(batch[0]))
+        return nn.functional.cross_entropy(self.net.head(hidden[:, -1]), batch[1])
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_a_step_may_call_the_networks_parts_one_by_one(tmp_path):
+    data = TensorDataset(torch.randn(8, 3, 4), torch.randint(0, 2, (8,)))
+    trainer = Trainer(
+        strategy=FSDP2Strategy(network="net"),
+        accelerator="cpu",
+        devices=1,
+        max_steps=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    module = CallsPartsOneByOne()
+    trainer.fit(module, DataLoader(data, batch_size=4))
+    assert trainer.global_step == 2 and trainer.strategy.sharded_blocks == 3
 
 
 def test_a_block_name_that_matches_nothing_is_named_with_what_there_is():
@@ -206,13 +254,22 @@ def test_fsdp_shards_the_network_and_saves_folders_of_shards(uninterrupted):
 
 
 @pytest.mark.slow
-def test_a_killed_fsdp_run_resumes_exactly(workdir, uninterrupted):
-    """Both ranks SIGKILLed together mid-epoch, resumed from the newest complete folder
-    of shards: weights, optimizer state and the logged metric as if never stopped."""
+@pytest.mark.parametrize("sent", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_a_stopped_fsdp_run_resumes_exactly(workdir, uninterrupted, sent):
+    """Both ranks stopped together mid-epoch (SIGKILL: from the newest complete folder of
+    shards; SIGTERM: from the shards saved as it stopped), resumed with --ckpt_path last:
+    weights, optimizer state and the logged metric as if never stopped."""
     _, theirs = joined(uninterrupted)
     steps = theirs["global_step"] // (theirs["epoch"] + 1)
-    env = {"INSTRUMENTS_KILL_STEP": str(steps * 3 // 2), "INSTRUMENTS_KILL_GROUP": "1"}
-    killed_together("fit", *FLAGS, *FSDP, INSTRUMENTS, cwd=workdir, env=env)
+    env = {
+        "INSTRUMENTS_KILL_STEP": str(steps * 3 // 2),
+        "INSTRUMENTS_KILL_GROUP": "1",
+        "INSTRUMENTS_KILL_SIGNAL": sent.name,
+    }
+    killed_together("fit", *FLAGS, *FSDP, INSTRUMENTS, cwd=workdir, env=env, sent=sent)
+    (run,) = run_dirs(workdir)
+    interrupted = run / "checkpoints" / "interrupted.ckpt"
+    assert is_sharded(interrupted) == (sent == signal.SIGTERM)
     resumed = fit(
         workdir, "--ckpt_path=last", INSTRUMENTS, env={"INSTRUMENTS_RECORD": str(workdir / "s")}
     )

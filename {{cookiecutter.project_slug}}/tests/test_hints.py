@@ -4,7 +4,6 @@ Kit test: the errors are raised inside whatever model `project.py` names.
 """
 
 import re
-import socket
 
 import pytest
 import torch
@@ -13,9 +12,10 @@ from test_model import loss_of, training_step_on_meta
 
 from {{ cookiecutter.package_name }}.__main__ import main as command
 from {{ cookiecutter.package_name }}.kit.hints import HINTS, explain, find_hint, markdown_table
+from {{ cookiecutter.package_name }}.kit.machine import free_port
 
 Model = PROJECT.model
-COMMAND = "{{ cookiecutter.project_slug }}"  # as the README names the command
+COMMAND = "my-lightning-project"  # as the README names the command
 
 # Each guide error as torch, CUDA or Lightning words it, and the hint it must get.
 REAL_MESSAGES = [
@@ -165,12 +165,6 @@ def test_asking_for_a_gpu_that_is_not_there(workdir, capfd):
     assert "No supported gpu backend found" in err
     assert "Hint: `CUDAAccelerator` can not run on your system" in err
     assert f"{PROJECT.command} doctor` says which" in err
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.mark.slow

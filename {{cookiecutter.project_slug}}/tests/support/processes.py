@@ -155,9 +155,9 @@ def wait_for(path: Path, process, timeout: float = SUBPROCESS_TIMEOUT) -> None:
         time.sleep(0.05)
 
 
-def killed_together(*args: str, cwd: Path, env: dict) -> None:
-    """`python -m <package> args...` in a session of its own, until its rank 0 SIGKILLs the
-    whole process group (INSTRUMENTS_KILL_GROUP): a job killed by its scheduler."""
+def killed_together(*args: str, cwd: Path, env: dict, sent: int = signal.SIGKILL) -> None:
+    """`python -m <package> args...` in a session of its own, until its rank 0 sends `sent`
+    to the whole process group (INSTRUMENTS_KILL_GROUP): a job its scheduler stops."""
     killed = subprocess.run(
         [sys.executable, "-m", PACKAGE, *args],
         cwd=cwd,
@@ -166,4 +166,5 @@ def killed_together(*args: str, cwd: Path, env: dict) -> None:
         start_new_session=True,
         timeout=SUBPROCESS_TIMEOUT,
     )
-    assert killed.returncode == -signal.SIGKILL, failure(" ".join(args), killed)
+    expected = -sent if sent == signal.SIGKILL else 128 + sent  # the kit exits on SIGTERM
+    assert killed.returncode == expected, failure(" ".join(args), killed)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import (
@@ -67,6 +68,7 @@ from .hardware import (
 from .health import TrainingHealth
 from .hints import RUN_CONTEXT, explain
 from .internals import wrong_type
+from .machine import free_port
 from .predict import PredictionWriter
 from .resume import ResumeState
 from .runs import (
@@ -127,6 +129,20 @@ def logger_kind(logger: Any) -> str:
     """The class name a logger config names ("MLFlowLogger"), or ""."""
     path = logger.get("class_path") if hasattr(logger, "get") else None
     return str(path).rpartition(".")[2] if path else ""
+
+
+def choose_rendezvous_port(trainer: Trainer) -> None:
+    """MASTER_PORT, when not given, for the ranks this process starts on this machine:
+    one that no rank's connection can take from rank 0 (machine.RENDEZVOUS_PORTS)."""
+    environment = getattr(trainer.strategy, "cluster_environment", None)
+    if (
+        trainer.world_size > 1
+        and trainer.num_nodes == 1
+        and "MASTER_PORT" not in os.environ
+        and type(environment) is LightningEnvironment
+        and not environment.creates_processes_externally
+    ):
+        os.environ["MASTER_PORT"] = str(free_port())
 
 
 def prepare_logger(logger: Any) -> None:
@@ -413,6 +429,7 @@ class ProjectCLI(LightningCLI):
             trainer.callbacks = [*others[:first], KitCallbacks(parts), *others[first:]]
         if type(trainer.profiler) is PassThroughProfiler:  # no --trainer.profiler given
             trainer.profiler = NoProfiler()
+        choose_rendezvous_port(trainer)
         return trainer
 
     def before_instantiate_classes(self) -> None:

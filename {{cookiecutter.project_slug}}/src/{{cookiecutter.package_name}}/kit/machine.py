@@ -1,10 +1,19 @@
 """Facts about this machine's torch build and GPUs, for the doctor and the environment
 report. Imports torch only when asked, and never Lightning."""
 
+import random
+import socket
 from collections.abc import Container
 from typing import Any
 
 GIB = 1024**3
+
+# Below Linux's ephemeral ports (32768-60999). Lightning takes MASTER_PORT from those
+# (a bind to port 0); while rank 0 starts, the other ranks keep connecting to it, and
+# one attempt can be given that very port as its own source port and connect to
+# itself (TCP self-connect): rank 0's bind then fails with EADDRINUSE. A port below
+# the range is never a connection's source.
+RENDEZVOUS_PORTS = range(20000, 32768)
 
 
 def build_name(cuda: str | None, hip: str | None) -> str:
@@ -44,3 +53,15 @@ def cuda_devices(free_of: Container[int] | None = None) -> list[dict[str, Any]]:
             }
         )
     return devices
+
+
+def free_port(ports: range = RENDEZVOUS_PORTS, tries: int = 100) -> int:
+    """A port of `ports` that no socket of this machine holds now, chosen at random."""
+    for port in random.sample(ports, min(tries, len(ports))):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {ports.start}-{ports.stop - 1} after {tries} tries")

@@ -4,7 +4,9 @@
 ModelParallelStrategy with this subclass, which shards the project's network
 itself, so the LightningModule needs no `configure_model`:
 
-- each block is sharded on its own, then the network as the root: the blocks
+- each block is sharded on its own, then each of the network's other children
+  with weights (so a LightningModule may call them one by one), then the network
+  as the root: the blocks
   are `Project.shard_blocks` (or `--fsdp.blocks`: class names or module paths
   with `*`), by default every repeated block (the transformer layers, say);
 - on CUDA under bf16 precision the parameters are gathered in bf16 and the
@@ -148,6 +150,26 @@ def _outermost(named: Iterable[tuple[str, nn.Module]]) -> list[nn.Module]:
     return [module for _, module in chosen]
 
 
+def find_parts(network: nn.Module, blocks: Sequence[nn.Module]) -> list[nn.Module]:
+    """The network's children that hold weights outside `blocks`, each sharded as a
+    unit of its own (the embedding, the head): a LightningModule may call them one by
+    one rather than through the network's forward, and FSDP gathers a unit's weights
+    only when that unit's forward runs. A child sharing a weight with another (tied
+    embedding and head) stays with the network, since a weight belongs to one unit."""
+    in_blocks = {id(p) for block in blocks for p in block.parameters()}
+    owners: dict[int, int] = {}
+    children = [child for child in network.children() if all(child is not b for b in blocks)]
+    for child in children:
+        for parameter in {id(p) for p in child.parameters()}:
+            owners[parameter] = owners.get(parameter, 0) + 1
+    return [
+        child
+        for child in children
+        if any(id(p) not in in_blocks for p in child.parameters())
+        and all(owners[id(p)] == 1 for p in child.parameters())
+    ]
+
+
 def checkpoint_activations(block: nn.Module) -> None:
     """Recompute `block`'s forward in the backward pass (torch.utils.checkpoint), in place:
     its parameter names are unchanged, unlike with a wrapper module."""
@@ -230,7 +252,7 @@ class FSDP2Strategy(ModelParallelStrategy):
         return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 
     def shard(self, module: nn.Module) -> None:
-        """fully_shard each block of the project's network, then the network."""
+        """fully_shard each block of the project's network, its other parts, then the network."""
         from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, fully_shard
 
         attribute, network = network_of(module, self.network)
@@ -265,9 +287,13 @@ class FSDP2Strategy(ModelParallelStrategy):
             if options.activation_checkpointing:
                 checkpoint_activations(block)
             fully_shard(block, **kwargs)
+        parts = find_parts(network, blocks)
+        for part in parts:
+            fully_shard(part, **kwargs)
         fully_shard(network, **kwargs)
         self.sharded_blocks = len(blocks)
-        what = f"{len(blocks)} {type(blocks[0]).__name__} blocks and " if blocks else ""
+        what = f"{len(blocks)} {type(blocks[0]).__name__} blocks, " if blocks else ""
+        what += f"{len(parts)} other parts and " if parts else ""
         rank_zero_info(
             f"fsdp: sharded {what}the network over {kwargs['mesh'].size()} ranks"
             + (" (bf16 parameters, fp32 reduction)" if policy is not None else "")
