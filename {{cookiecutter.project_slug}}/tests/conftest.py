@@ -23,15 +23,21 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+# What Lightning sets in os.environ when a run in this process takes a distributed strategy.
+RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
+
+
 @pytest.fixture(autouse=True)
-def environment():
-    """Each test starts from the session's environment: a run in this process under a
-    distributed strategy sets MASTER_PORT, LOCAL_RANK and the like in os.environ, and a
-    later run (or its subprocesses) would take that rendezvous for its own."""
-    saved = dict(os.environ)
+def no_rendezvous_left():
+    """Each test leaves the rendezvous variables as it found them: a later run (or its
+    subprocesses) would otherwise take an earlier in-process run's for its own."""
+    saved = {name: os.environ.get(name) for name in (*RENDEZVOUS, "LOCAL_WORLD_SIZE")}
     yield
-    os.environ.clear()
-    os.environ.update(saved)
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture
