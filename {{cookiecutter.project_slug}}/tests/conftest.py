@@ -24,14 +24,21 @@ def pytest_collection_modifyitems(config, items):
 
 
 # What Lightning sets in os.environ when a run in this process takes a distributed strategy.
-RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
+RENDEZVOUS = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "NODE_RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+)
 
 
 @pytest.fixture(autouse=True)
 def no_rendezvous_left():
     """Each test leaves the rendezvous variables as it found them: a later run (or its
     subprocesses) would otherwise take an earlier in-process run's for its own."""
-    saved = {name: os.environ.get(name) for name in (*RENDEZVOUS, "LOCAL_WORLD_SIZE")}
+    saved = {name: os.environ.get(name) for name in RENDEZVOUS}
     yield
     for name, value in saved.items():
         if value is None:

@@ -21,7 +21,9 @@ variables, which DDP's and torchrun's worker processes inherit:
 - INSTRUMENTS_FAIL_RANK=<r> and INSTRUMENTS_FAIL_STEP=<s>: rank r raises at step s;
 - INSTRUMENTS_KILL_STEP=<s>: the process SIGKILLs itself when step s starts (with
   INSTRUMENTS_KILL_GROUP=1, rank 0 SIGKILLs its whole process group: every rank;
-  INSTRUMENTS_KILL_SIGNAL=SIGTERM: rank 0 sends the group SIGTERM instead);
+  INSTRUMENTS_KILL_SIGNAL=SIGTERM: SIGTERM instead; with INSTRUMENTS_KILL_STAGGER=1,
+  each rank r sends the signal to itself alone, when step s - r starts: a signal
+  that reaches the ranks at different points of a step);
 - INSTRUMENTS_KILL_SAVE=<k>: the process SIGKILLs itself half-way through writing
   the k-th checkpoint it saves (1 = the first);
 - INSTRUMENTS_FILL=<file> and INSTRUMENTS_FILL_EPOCH=<n>: at the start of epoch n,
@@ -120,11 +122,13 @@ class Instruments(Callback):
         if pause and trainer.global_step == int(pause) and trainer.global_rank == 0:
             pause_until_stopped(trainer)
         kill = os.environ.get("INSTRUMENTS_KILL_STEP")
-        if kill and trainer.global_step == int(kill):
+        staggered = bool(os.environ.get("INSTRUMENTS_KILL_STAGGER"))
+        if kill and trainer.global_step == int(kill) - staggered * trainer.global_rank:
             sent = getattr(signal, os.environ.get("INSTRUMENTS_KILL_SIGNAL", "SIGKILL"))
-            if os.environ.get("INSTRUMENTS_KILL_GROUP") and trainer.global_rank == 0:
+            group = os.environ.get("INSTRUMENTS_KILL_GROUP") and not staggered
+            if group and trainer.global_rank == 0:
                 os.killpg(os.getpgid(0), sent)  # every rank, as a scheduler would
-            if sent == signal.SIGKILL:
+            if sent == signal.SIGKILL or staggered:
                 os.kill(os.getpid(), sent)
         rank = os.environ.get("INSTRUMENTS_FAIL_RANK")
         step = os.environ.get("INSTRUMENTS_FAIL_STEP")
@@ -135,7 +139,7 @@ class Instruments(Callback):
 def stop_requested(trainer) -> bool:
     """Whether SIGTERM or a first Ctrl-C asked the fit to stop."""
     parts = [p for c in trainer.callbacks for p in getattr(c, "parts", [c])]
-    return trainer.received_sigterm or any(getattr(p, "_ctrl_c", False) for p in parts)
+    return trainer.received_sigterm or any(getattr(p, "stop_pending", False) for p in parts)
 
 
 def pause_until_stopped(trainer) -> None:

@@ -11,7 +11,7 @@ import pytest
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import Logger
-from support import FakeClock, main
+from support import FakeClock, main, quiet_trainer
 from torch.utils.data import DataLoader, Dataset
 
 from {{ cookiecutter.package_name }}.kit.callbacks import find_callback
@@ -60,9 +60,7 @@ def fit_on_the_clock(model, clock, callbacks, seconds_per_item=0.0, num_workers=
     """Fit `model` on BATCHES batches of items that each cost `seconds_per_item` of
     `clock`, with `callbacks` and nothing else (no logger, checkpoints, bar or summary)
     unless `flags` for the Trainer say so; the Trainer."""
-    quiet = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False)
-    quiet |= dict(enable_model_summary=False, max_epochs=1)
-    trainer = Trainer(accelerator="cpu", devices=1, callbacks=callbacks, **(quiet | flags))
+    trainer = quiet_trainer(callbacks=callbacks, **({"max_epochs": 1} | flags))
     loader = DataLoader(Timed(clock, seconds_per_item), batch_size=BATCH, num_workers=num_workers)
     trainer.fit(model, loader)
     return trainer

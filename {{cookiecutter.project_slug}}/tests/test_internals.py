@@ -8,6 +8,8 @@ upper bound on Lightning can rise.
 
 import importlib
 import inspect
+import os
+import signal
 from datetime import timedelta
 
 import pytest
@@ -18,7 +20,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
-from support import PROJECT, main
+from support import PROJECT, main, quiet_trainer
 from torch.utils.data import DataLoader, TensorDataset
 
 from {{ cookiecutter.package_name }}.kit import internals
@@ -175,15 +177,7 @@ class AtTrainStart(Callback):
 
 
 def plain_trainer(tmp_path, *callbacks: Callback) -> Trainer:
-    return Trainer(
-        max_epochs=2,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-        callbacks=list(callbacks),
-    )
+    return quiet_trainer(default_root_dir=tmp_path, max_epochs=2, callbacks=list(callbacks))
 
 
 def test_a_requested_stop_ends_the_fit_after_this_step(tmp_path):
@@ -191,6 +185,48 @@ def test_a_requested_stop_ends_the_fit_after_this_step(tmp_path):
     with pytest.raises(SIGTERMException):
         trainer.fit(Tiny(), loader())
     assert trainer.global_step == 3  # batches 0, 1 and 2 of the first epoch
+
+
+class SendsSigterm(Callback):
+    """Takes SIGTERM over in fits (noting it), and sends it at a fit's or a
+    validation's second batch."""
+
+    def __init__(self):
+        self.noted = []
+
+    def on_fit_start(self, trainer, pl_module):
+        internals.on_sigterm_in_fit(trainer, lambda signum, frame: self.noted.append(signum))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if batch_idx == 1 and trainer.current_epoch == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if batch_idx == 1 and trainer.state.fn == "validate":
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_sigterm_in_a_fit_reaches_the_handler_that_took_it_over(tmp_path):
+    sends = SendsSigterm()
+    trainer = plain_trainer(tmp_path, sends)
+    trainer.fit(Tiny(), loader())
+    assert sends.noted == [signal.SIGTERM] and not trainer.received_sigterm
+    assert trainer.global_step == 16  # noted, not stopped
+    with pytest.raises(SIGTERMException):  # a validation keeps Lightning's own
+        trainer.validate(Tiny(), loader())
+    assert sends.noted == [signal.SIGTERM]
+
+
+def test_the_stop_check_runs_before_the_step_starts_broadcast(tmp_path):
+    trainer = plain_trainer(tmp_path)
+    internals.before_each_step_stop_check(trainer, lambda: internals.request_stop(trainer))
+    store = torch.distributed.FileStore(str(tmp_path / "store"), 1)
+    torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        with pytest.raises(SIGTERMException):  # the flag the check set, broadcast
+            trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor()
+    finally:
+        torch.distributed.destroy_process_group()
 
 
 @pytest.mark.parametrize("module", [Tiny, ReadsSteppingBatches])

@@ -2,7 +2,7 @@
 running the command, readers of what a run left, and fits made once a session."""
 
 from .batches import FakeClock, configured, first_batch, loader_length, same_values
-from .fits import fit_in, shared
+from .fits import fit_in, quiet_trainer, shared
 from .processes import (
     SUBPROCESS_TIMEOUT,
     ForkedRun,
@@ -58,4 +58,5 @@ __all__ = [
     "same_values",
     "shared",
     "wait_for",
+    "quiet_trainer",
 ]

@@ -8,6 +8,16 @@ from filelock import FileLock
 from .project import main
 
 
+def quiet_trainer(**flags):
+    """A one-CPU Trainer that writes and shows nothing (no logger, checkpoints, progress
+    bar or summary) unless `flags` for the Trainer say so."""
+    from lightning.pytorch import Trainer
+
+    quiet = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    quiet |= dict(enable_model_summary=False, accelerator="cpu", devices=1)
+    return Trainer(**(quiet | flags))
+
+
 def shared(request, tmp_path_factory, name: str, make) -> Path:
     """`make(folder)` once per test session, even across pytest-xdist workers; its folder."""
     if not hasattr(request.config, "workerinput"):  # one process: its own temporary folder

@@ -156,12 +156,16 @@ def wait_for(path: Path, process, timeout: float = SUBPROCESS_TIMEOUT) -> None:
 
 
 def killed_together(*args: str, cwd: Path, env: dict, sent: int = signal.SIGKILL) -> None:
-    """`python -m <package> args...` in a session of its own, until its rank 0 sends `sent`
-    to the whole process group (INSTRUMENTS_KILL_GROUP): a job its scheduler stops."""
+    """`python -m <package> args...` in a session of its own, stopped as a scheduler stops
+    a job: SIGKILL, rank 0 kills the whole process group when step INSTRUMENTS_KILL_STEP
+    starts; SIGTERM reaches the ranks at different points of a step (rank r receives it
+    when step INSTRUMENTS_KILL_STEP - r starts)."""
+    how = "INSTRUMENTS_KILL_GROUP" if sent == signal.SIGKILL else "INSTRUMENTS_KILL_STAGGER"
+    stop = {how: "1", "INSTRUMENTS_KILL_SIGNAL": sent.name}
     killed = subprocess.run(
         [sys.executable, "-m", PACKAGE, *args],
         cwd=cwd,
-        env=cli_env(env),
+        env=cli_env({**env, **stop}),
         capture_output=True,
         start_new_session=True,
         timeout=SUBPROCESS_TIMEOUT,

@@ -41,10 +41,12 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from .internals import (
     DCP_METADATA,
     accumulating,
+    before_each_step_stop_check,
     forget_step_saved,
     last_saved,
     monitor_candidates,
     note_saved,
+    on_sigterm_in_fit,
     request_stop,
     save_triggers,
     saves_at_train_epoch_end,
@@ -486,8 +488,13 @@ class InterruptCheckpoint(OnExceptionCheckpoint):
 
     def __init__(self) -> None:
         super().__init__(dirpath=".", filename=Path(self.FILENAME).stem)
-        self._ctrl_c = self._sigterm_held = False
+        self._ctrl_c = self._sigterm = self._sigterm_held = False
         self._handler: Any = None
+
+    @property
+    def stop_pending(self) -> bool:
+        """Whether SIGTERM or a first Ctrl-C asked this fit to stop, and it has not yet."""
+        return self._ctrl_c or self._sigterm
 
     # A stop lands between two steps: then the checkpoint holds one consistent state
     # (weights, optimizer, random states, data position) that a resume continues
@@ -495,10 +502,28 @@ class InterruptCheckpoint(OnExceptionCheckpoint):
     # on one that arrives between steps, in an epoch's start), and on Ctrl-C
     # wherever the KeyboardInterrupt lands.
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._ctrl_c = False
+        self._ctrl_c = self._sigterm = False
         on_main_thread = threading.current_thread() is threading.main_thread()
         if on_main_thread and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             self._handler = signal.signal(signal.SIGINT, partial(self._on_ctrl_c, trainer))
+        if trainer.world_size > 1:
+            on_sigterm_in_fit(trainer, partial(self._on_sigterm, trainer))
+            before_each_step_stop_check(trainer, partial(self._stop_together, trainer))
+
+    # Several processes stop at one step's start, all together. Lightning's own
+    # SIGTERM handler broadcasts from inside the handler: a collective at whatever
+    # point of a step the signal finds each rank, which pairs with another
+    # collective (FSDP makes many a step) when the ranks are at different points,
+    # and the run hangs. Here a signal is only noted; rank 0's note becomes
+    # Lightning's stop flag just before its broadcast at the next step's start.
+    def _on_sigterm(self, trainer: Trainer, signum: int, frame: Any) -> None:
+        if not self._sigterm and trainer.strategy.launcher is not None:
+            trainer.strategy.launcher.kill(signum)  # the ranks it started, as Lightning does
+        self._sigterm = True
+
+    def _stop_together(self, trainer: Trainer) -> None:
+        if self.stop_pending and trainer.global_rank == 0:
+            request_stop(trainer)
 
     def _on_ctrl_c(self, trainer: Trainer, signum: int, frame: Any) -> None:
         if self._ctrl_c:  # the second: stop now
@@ -506,8 +531,6 @@ class InterruptCheckpoint(OnExceptionCheckpoint):
             raise KeyboardInterrupt
         self._ctrl_c = True
         print("\nCtrl-C: stopping after this step (press again to stop now)", file=sys.stderr)
-        if trainer.world_size > 1:
-            request_stop(trainer)  # Lightning stops every rank together, as on SIGTERM
 
     def _restore_handler(self) -> None:
         if self._handler is not None:

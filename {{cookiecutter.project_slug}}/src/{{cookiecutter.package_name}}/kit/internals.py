@@ -64,6 +64,32 @@ def request_stop(trainer: Any, stop: bool = True) -> None:
     trainer._signal_connector.received_sigterm = stop
 
 
+def on_sigterm_in_fit(trainer: Any, handler: Any) -> None:
+    """Have `handler(signum, frame)` take the place of Lightning's own reaction to SIGTERM
+    (its notifier) while this trainer fits; validate, test and predict keep Lightning's.
+    Call it before the fit registers its signal handlers: by `on_fit_start`."""
+    connector = trainer._signal_connector
+    lightnings = type(connector)._sigterm_notifier_fn.__get__(connector)
+
+    def notify(signum: Any, frame: Any) -> None:
+        (handler if trainer.state.fn == "fit" else lightnings)(signum, frame)
+
+    connector._sigterm_notifier_fn = notify
+
+
+def before_each_step_stop_check(trainer: Any, check: Any) -> None:
+    """Call `check()` at the start of each training step of a multi-process fit, just
+    before Lightning broadcasts rank 0's SIGTERM flag (and every rank stops if it is set)."""
+    loop = trainer.fit_loop.epoch_loop
+    broadcast = type(loop)._broadcast_sigterm_tensor.__get__(loop)
+
+    def checked() -> None:
+        check()
+        broadcast()
+
+    loop._broadcast_sigterm_tensor = checked
+
+
 def loader_states_unused(trainer: Any) -> bool:
     """Whether the training DataLoader states of the checkpoint being resumed were not
     given to the loaders: Lightning gives them when it sets the loaders up, which a
