@@ -36,15 +36,19 @@ RENDEZVOUS = (
 
 @pytest.fixture(autouse=True)
 def no_rendezvous_left():
-    """Each test leaves the rendezvous variables as it found them: a later run (or its
-    subprocesses) would otherwise take an earlier in-process run's for its own."""
+    """Each test leaves the rendezvous variables and the default process group as it
+    found them: a later run (or its subprocesses) would otherwise take an earlier
+    in-process run's for its own."""
     saved = {name: os.environ.get(name) for name in RENDEZVOUS}
+    grouped = torch.distributed.is_initialized()
     yield
     for name, value in saved.items():
         if value is None:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+    if torch.distributed.is_initialized() and not grouped:
+        torch.distributed.destroy_process_group()
 
 
 @pytest.fixture

@@ -220,17 +220,10 @@ def test_sigterm_in_a_fit_reaches_the_handler_that_took_it_over(tmp_path):
 def test_the_stop_check_runs_before_the_step_starts_broadcast(tmp_path):
     trainer = plain_trainer(tmp_path)
     internals.before_each_step_stop_check(trainer, lambda: internals.request_stop(trainer))
-    # An in-process fit of an earlier test may have left its (one-process) group.
-    created = not torch.distributed.is_initialized()
-    if created:
-        store = torch.distributed.FileStore(str(tmp_path / "store"), 1)
-        torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
-    try:
-        with pytest.raises(SIGTERMException):  # the flag the check set, broadcast
-            trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor()
-    finally:
-        if created:
-            torch.distributed.destroy_process_group()
+    store = torch.distributed.FileStore(str(tmp_path / "store"), 1)
+    torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
+    with pytest.raises(SIGTERMException):  # the flag the check set, broadcast
+        trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor()
 
 
 @pytest.mark.parametrize("module", [Tiny, ReadsSteppingBatches])

@@ -51,6 +51,7 @@ __all__ = [
     "logged_scalars",
     "made_a_run",
     "main",
+    "quiet_trainer",
     "reached",
     "run_cli",
     "run_dirs",
@@ -58,5 +59,4 @@ __all__ = [
     "same_values",
     "shared",
     "wait_for",
-    "quiet_trainer",
 ]

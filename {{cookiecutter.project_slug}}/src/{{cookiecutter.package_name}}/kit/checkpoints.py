@@ -505,7 +505,7 @@ class InterruptCheckpoint(OnExceptionCheckpoint):
         self._ctrl_c = self._sigterm = False
         on_main_thread = threading.current_thread() is threading.main_thread()
         if on_main_thread and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            self._handler = signal.signal(signal.SIGINT, partial(self._on_ctrl_c, trainer))
+            self._handler = signal.signal(signal.SIGINT, self._on_ctrl_c)
         if trainer.world_size > 1:
             on_sigterm_in_fit(trainer, partial(self._on_sigterm, trainer))
             before_each_step_stop_check(trainer, partial(self._stop_together, trainer))
@@ -525,7 +525,7 @@ class InterruptCheckpoint(OnExceptionCheckpoint):
         if self.stop_pending and trainer.global_rank == 0:
             request_stop(trainer)
 
-    def _on_ctrl_c(self, trainer: Trainer, signum: int, frame: Any) -> None:
+    def _on_ctrl_c(self, signum: int, frame: Any) -> None:
         if self._ctrl_c:  # the second: stop now
             self._restore_handler()
             raise KeyboardInterrupt
