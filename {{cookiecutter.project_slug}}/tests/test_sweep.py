@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -203,6 +204,50 @@ def test_dead_trials_are_failed_and_queued_again(workdir, storage, monkeypatch, 
     printed = capsys.readouterr().out
     assert f"trial {gone.number} marked FAIL: its process ({ended.pid}) ended" in printed
     assert f"trial {silent.number} marked FAIL: its worker on another-machine" in printed
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "journal"])
+def test_of_two_workers_reaching_for_one_trial_at_once_one_takes_it(workdir, kind, monkeypatch):
+    """Two workers start the same queued trial, then mark the same dead trial FAIL, each
+    at once: one moves it, the other is told no, so a trial runs once and is queued
+    again once. Each waits, between reading the trial's state and writing its own, until
+    the other has read too (or for two seconds, if it cannot read meanwhile)."""
+    url = f"sqlite:///{workdir / 'study.db'}" if kind == "sqlite" else str(workdir / "journal.log")
+    storages = [sweep_module.open_storage(url, lambda study, trial: None) for _ in range(2)]
+    study = optuna.create_study(storage=storages[0], study_name="race")
+    study.enqueue_trial({"seed_everything": 0})
+    trial_id = study.get_trials()[0]._trial_id
+    both_read = threading.Barrier(2, timeout=2.0)
+    for storage in storages:
+        checked = storage.check_trial_is_updatable
+
+        def wait_for_the_other(trial_id, state, checked=checked):
+            try:
+                both_read.wait()
+            except threading.BrokenBarrierError:
+                pass
+            checked(trial_id, state)
+
+        monkeypatch.setattr(storage, "check_trial_is_updatable", wait_for_the_other)
+
+    for state in (RUNNING, FAIL):
+        both_read.reset()
+        answers = [None, None]
+
+        def move(index, state=state, answers=answers):
+            try:
+                answers[index] = storages[index].set_trial_state_values(trial_id, state)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                answers[index] = "refused"
+
+        workers = [threading.Thread(target=move, args=(index,)) for index in range(2)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(timeout=120)
+        refusal = False if state == RUNNING else "refused"
+        assert answers.count(True) == 1 and refusal in answers, (state, answers)
+        assert study.get_trials()[0].state == state
 
 
 # A bar no model clears: each trial still running after its warm-up validation is pruned.

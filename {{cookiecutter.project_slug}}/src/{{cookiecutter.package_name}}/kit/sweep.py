@@ -344,6 +344,7 @@ def _storage_classes():
     """The storages the sweep uses: Optuna's, each failing dead trials at once."""
     from optuna.storages import RDBStorage
     from optuna.storages._heartbeat import BaseHeartbeat
+    from optuna.storages._rdb.models import TrialModel
     from optuna.storages.journal import JournalStorage
     from optuna.trial import TrialState
 
@@ -358,7 +359,21 @@ def _storage_classes():
             return stale
 
     class Database(FailGone, RDBStorage):
-        pass
+        def set_trial_state_values(self, trial_id, state, values=None) -> bool:
+            # SQLite has no SELECT ... FOR UPDATE: two workers could both read a queued trial
+            # WAITING and both run it, or a dead one RUNNING and both queue it again. Here
+            # its move takes SQLite's write lock before it reads, as others lock the row.
+            if self.engine.dialect.name == "sqlite":
+                session = self.scoped_session()  # (the session Optuna's own move goes on in)
+                try:
+                    session.query(TrialModel).filter(TrialModel.trial_id == trial_id).update(
+                        {TrialModel.state: TrialModel.state}, synchronize_session=False
+                    )
+                except Exception:
+                    session.rollback()
+                    session.close()
+                    raise
+            return super().set_trial_state_values(trial_id, state, values)
 
     class JournalHeartbeat(JournalStorage, BaseHeartbeat):
         # Optuna's journal storage has no heartbeat: this one keeps it in the trial.
