@@ -221,7 +221,7 @@ def joined(folder):
     return run, consolidate(run / "checkpoints" / "last.ckpt")
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def uninterrupted(request, tmp_path_factory):
     """Two epochs under FSDP on two ranks, made once a session."""
     return shared(request, tmp_path_factory, "fsdp_uninterrupted", fit)
