@@ -23,23 +23,28 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-# What Lightning sets in os.environ when a run in this process takes a distributed strategy.
-RENDEZVOUS = (
+# What Lightning sets in os.environ when a run in this process takes a distributed strategy:
+# the rendezvous, and the CPU threads of each rank (OMP_NUM_THREADS, which also sets
+# torch's). A float sum's rounding depends on how many threads share it.
+DISTRIBUTED_ENV = (
     "MASTER_ADDR",
     "MASTER_PORT",
     "NODE_RANK",
     "LOCAL_RANK",
     "WORLD_SIZE",
     "LOCAL_WORLD_SIZE",
+    "OMP_NUM_THREADS",
 )
 
 
 @pytest.fixture(autouse=True)
-def no_rendezvous_left():
-    """Each test leaves the rendezvous variables and the default process group as it
-    found them: a later run (or its subprocesses) would otherwise take an earlier
-    in-process run's for its own."""
-    saved = {name: os.environ.get(name) for name in RENDEZVOUS}
+def no_distributed_state_left():
+    """Each test leaves the rendezvous variables, torch's thread count and the default
+    process group as it found them: a later run (or its subprocesses) would otherwise
+    take an earlier in-process run's for its own, and a run compared with another
+    would round differently."""
+    saved = {name: os.environ.get(name) for name in DISTRIBUTED_ENV}
+    threads = torch.get_num_threads()
     grouped = torch.distributed.is_initialized()
     yield
     for name, value in saved.items():
@@ -47,6 +52,7 @@ def no_rendezvous_left():
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+    torch.set_num_threads(threads)
     if torch.distributed.is_initialized() and not grouped:
         torch.distributed.destroy_process_group()
 

@@ -5,6 +5,7 @@ Kit test: it runs whatever model and data `project.py` names.
 """
 
 import os
+import random
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ from support import (
 )
 
 from {{ cookiecutter.package_name }}.kit.cli import choose_rendezvous_port
-from {{ cookiecutter.package_name }}.kit.machine import RENDEZVOUS_PORTS
+from {{ cookiecutter.package_name }}.kit.machine import RENDEZVOUS_PORTS, free_port
 
 MONITOR = PROJECT.monitor
 
@@ -52,6 +53,15 @@ def test_ranks_on_one_machine_meet_on_a_port_no_connection_can_take(monkeypatch)
 
 
 @pytest.mark.slow
+def test_jobs_seeded_alike_do_not_draw_the_same_port():
+    """The port comes from the system's generator, not from the one a seed sets: two
+    jobs started at once with one seed would otherwise both take the same port."""
+    random.seed(0)
+    seeded = random.getstate()
+    free_port()
+    assert random.getstate() == seeded
+
+
 def test_ddp_config_with_two_processes_writes_once_and_syncs_metrics(workdir):
     result = run_cli(
         "fit",

@@ -56,8 +56,9 @@ def cuda_devices(free_of: Container[int] | None = None) -> list[dict[str, Any]]:
 
 
 def free_port(ports: range = RENDEZVOUS_PORTS, tries: int = 100) -> int:
-    """A port of `ports` that no socket of this machine holds now, chosen at random."""
-    for port in random.sample(ports, min(tries, len(ports))):
+    """A port of `ports` that no socket of this machine holds now, chosen at random (by
+    the system's generator: two jobs seeded alike would otherwise pick the same port)."""
+    for port in random.SystemRandom().sample(ports, min(tries, len(ports))):
         with socket.socket() as sock:
             try:
                 sock.bind(("", port))
