@@ -52,7 +52,6 @@ def test_ranks_on_one_machine_meet_on_a_port_no_connection_can_take(monkeypatch)
     assert "MASTER_PORT" not in os.environ
 
 
-@pytest.mark.slow
 def test_jobs_seeded_alike_do_not_draw_the_same_port():
     """The port comes from the system's generator, not from the one a seed sets: two
     jobs started at once with one seed would otherwise both take the same port."""
@@ -62,6 +61,7 @@ def test_jobs_seeded_alike_do_not_draw_the_same_port():
     assert random.getstate() == seeded
 
 
+@pytest.mark.slow
 def test_ddp_config_with_two_processes_writes_once_and_syncs_metrics(workdir):
     result = run_cli(
         "fit",

@@ -210,8 +210,9 @@ def test_dead_trials_are_failed_and_queued_again(workdir, storage, monkeypatch, 
 def test_of_two_workers_reaching_for_one_trial_at_once_one_takes_it(workdir, kind, monkeypatch):
     """Two workers start the same queued trial, then mark the same dead trial FAIL, each
     at once: one moves it, the other is told no, so a trial runs once and is queued
-    again once. Each waits, between reading the trial's state and writing its own, until
-    the other has read too (or for two seconds, if it cannot read meanwhile)."""
+    again once. On SQLite each waits, between reading the trial's state and writing its
+    own, until the other has read too (or for two seconds, if it cannot read meanwhile);
+    the journal orders the two moves by its log."""
     url = f"sqlite:///{workdir / 'study.db'}" if kind == "sqlite" else str(workdir / "journal.log")
     storages = [sweep_module.open_storage(url, lambda study, trial: None) for _ in range(2)]
     study = optuna.create_study(storage=storages[0], study_name="race")
