@@ -99,10 +99,12 @@ def _caller() -> str:
 class SyncCounter(Callback):
     """Counts host syncs per training step: from one batch's start to the next one's
     (the step, every hook, the logging and the next batch's fetch), or to the
-    epoch's validation or end. `steps` holds (global step, whether the logger
-    wrote at it, [(call, where)]) for each step."""
+    epoch's validation or end. `steps` holds (batch, whether the logger wrote at
+    it, [(call, where)]) for each step (batch). With `batches`, the fit stops after
+    that many, however many optimizer steps each takes."""
 
-    def __init__(self) -> None:
+    def __init__(self, batches: int | None = None) -> None:
+        self.batches = batches
         self.mode = _Counting()
         self.steps: list[tuple[int, bool, list[tuple[str, str]]]] = []
         self._open: tuple[int, bool, int] | None = None
@@ -127,7 +129,10 @@ class SyncCounter(Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._close()
-        self._open = (trainer.global_step, logs_this_step(trainer), len(self.mode.calls))
+        batch = trainer.fit_loop.epoch_loop.total_batch_idx
+        if self.batches and batch + 1 >= self.batches:
+            trainer.should_stop = True  # after this batch, which then logs (Lightning's rule)
+        self._open = (batch, logs_this_step(trainer), len(self.mode.calls))
         self.mode.counting = True
 
     def on_validation_start(self, trainer, pl_module) -> None:

@@ -3,7 +3,9 @@
     run_cli("fit", "--trainer.callbacks+=instruments.Instruments", env={...})
 
 (`run_cli` puts this folder on PYTHONPATH.) It is set by environment
-variables, which DDP's and torchrun's worker processes inherit:
+variables, which DDP's and torchrun's worker processes inherit. A step here is a
+training batch (`total_batch_idx`, counted across epochs): a model that steps several
+optimizers by hand takes more optimizer steps (`global_step`) than batches.
 
 - INSTRUMENTS_RECORD=<prefix>: when training starts (after any resume) and at
   each epoch's start, append one JSON line to `<prefix>-rank<R>.jsonl`: the
@@ -85,6 +87,7 @@ class Instruments(Callback):
             "world_size": trainer.world_size,
             "epoch": trainer.current_epoch,
             "global_step": trainer.global_step,
+            "batches": trainer.fit_loop.epoch_loop.batch_progress.total.processed,
             "sampler": type(sampler).__name__,
             "indices": [int(i) for i in sampler] if sampler is not None else None,
             "parameters": parameter_fingerprint(pl_module.state_dict()),
@@ -118,12 +121,13 @@ class Instruments(Callback):
                 pause_until_stopped(trainer)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        step = trainer.fit_loop.epoch_loop.total_batch_idx  # this batch, from 0
         pause = os.environ.get("INSTRUMENTS_PAUSE_STEP")
-        if pause and trainer.global_step == int(pause) and trainer.global_rank == 0:
+        if pause and step == int(pause) and trainer.global_rank == 0:
             pause_until_stopped(trainer)
         kill = os.environ.get("INSTRUMENTS_KILL_STEP")
         staggered = bool(os.environ.get("INSTRUMENTS_KILL_STAGGER"))
-        if kill and trainer.global_step == int(kill) - staggered * trainer.global_rank:
+        if kill and step == int(kill) - staggered * trainer.global_rank:
             sent = getattr(signal, os.environ.get("INSTRUMENTS_KILL_SIGNAL", "SIGKILL"))
             group = os.environ.get("INSTRUMENTS_KILL_GROUP") and not staggered
             if group and trainer.global_rank == 0:
@@ -131,9 +135,9 @@ class Instruments(Callback):
             if sent == signal.SIGKILL or staggered:
                 os.kill(os.getpid(), sent)
         rank = os.environ.get("INSTRUMENTS_FAIL_RANK")
-        step = os.environ.get("INSTRUMENTS_FAIL_STEP")
-        if rank and trainer.global_rank == int(rank) and trainer.global_step == int(step):
-            raise RuntimeError(f"injected fault on rank {rank} at step {step}")
+        fail = os.environ.get("INSTRUMENTS_FAIL_STEP")
+        if rank and trainer.global_rank == int(rank) and step == int(fail):
+            raise RuntimeError(f"injected fault on rank {rank} at step {fail}")
 
 
 def stop_requested(trainer) -> bool:

@@ -13,7 +13,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.profilers import SimpleProfiler
-from support import FakeClock, main
+from support import FakeClock, main, optimizes_by_hand
 from torch.utils.data import DataLoader, TensorDataset
 
 from {{ cookiecutter.package_name }}.kit.callbacks import (
@@ -78,8 +78,11 @@ def test_report_of_a_multi_gpu_run_shows_every_fact():
 
 
 def test_report_on_this_machine_at_fit_start(workdir, caplog):
+    # Lightning accumulates for automatic optimization only (a manual step does its own).
+    accumulate = 1 if optimizes_by_hand() else 2
+    flags = ["--trainer.fast_dev_run=true", f"--trainer.accumulate_grad_batches={accumulate}"]
     with caplog.at_level(logging.INFO):
-        cli = main(["fit", "--trainer.fast_dev_run=true", "--trainer.accumulate_grad_batches=2"])
+        cli = main(["fit", *flags])
     report = find_callback(cli.trainer, EnvironmentReport)
     facts = report.facts
     assert facts["torch"] == torch.__version__
@@ -93,14 +96,15 @@ def test_report_on_this_machine_at_fit_start(workdir, caplog):
     # Read from the training DataLoader itself, whatever the DataModule.
     loader = cli.trainer.train_dataloader
     batch_size = loader.batch_size
-    assert (facts["batch_size"], facts["effective_batch_size"]) == (batch_size, 2 * batch_size)
+    effective = accumulate * batch_size
+    assert (facts["batch_size"], facts["effective_batch_size"]) == (batch_size, effective)
     settings = (loader.num_workers, loader.pin_memory, loader.persistent_workers)
     assert (facts["num_workers"], facts["pin_memory"], facts["persistent_workers"]) == settings
     printed = caplog.text
     assert "Environment" in printed
     assert (
-        f"batch: {batch_size} per device x 2 accumulated x 1 ranks = {2 * batch_size} effective"
-        in printed
+        f"batch: {batch_size} per device x {accumulate} accumulated x 1 ranks = {effective}"
+        " effective" in printed
     )
     assert f"loader: num_workers {settings[0]} | pin_memory {settings[1]}" in printed
 

@@ -22,6 +22,7 @@ from support import (
     CONFIGS,
     PROJECT,
     PROJECT_ROOT,
+    batches_trained,
     best_score,
     configured,
     folder_of,
@@ -30,12 +31,13 @@ from support import (
     logged_scalars,
     made_a_run,
     main,
+    optimizes_by_hand,
     reached,
     run_dirs,
 )
 
 from {{ cookiecutter.package_name }}.__main__ import main as command
-from {{ cookiecutter.package_name }}.kit.cli import LIBRARY_NOISE
+from {{ cookiecutter.package_name }}.kit.cli import LIBRARY_NOISE, ConfigError, manual_optimization
 from {{ cookiecutter.package_name }}.project import TARGET
 
 MODE = PROJECT.mode
@@ -154,15 +156,39 @@ def test_a_config_of_your_own_trains(workdir):
 
 
 @pytest.mark.parametrize("path", config_params())
-def test_fast_dev_run_with_each_config(path, workdir):
+def test_fast_dev_run_with_each_config(path, workdir, capsys):
+    trainer_config = (yaml.safe_load(path.read_text()) or {}).get("trainer") or {}
+    if trainer_config.get("accumulate_grad_batches", 1) != 1 and optimizes_by_hand():
+        # Lightning accumulates only the steps it takes: refused in one line, naming the choice.
+        assert command(["fit", "--config", str(path), "--trainer.fast_dev_run", "true"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "accumulate in training_step" in err
+        return
     cli = main(["fit", "--config", str(path), "--trainer.fast_dev_run", "true"])
     trainer = cli.trainer
-    assert trainer.state.finished and trainer.global_step == 1
+    assert trainer.state.finished and batches_trained(trainer) == 1
+    # A smoke test (configs/debug.yaml) leaves no checkpoint, and offers none to continue.
+    assert not list(workdir.rglob("*.ckpt")) and "continue:" not in capsys.readouterr().err
     if path.name == "gpu.yaml":
         assert trainer.precision == "bf16-mixed"
         assert trainer.strategy.root_device.type == "cuda"
     elif path.name in CONFIG_EFFECTS:
         assert CONFIG_EFFECTS[path.name](trainer)
+
+
+def test_a_model_that_steps_its_own_optimizers_gets_ddp_that_finds_unused_parameters():
+    """Manual optimization (a GAN): each backward leaves the other network's parameters
+    out, which DDP looks for; Lightning accumulates no gradients for it: one line says so."""
+    trainer = {"strategy": "ddp", "accumulate_grad_batches": 1}
+    manual_optimization("PointGAN", trainer)
+    assert trainer["strategy"] == "ddp_find_unused_parameters_true"
+    with pytest.raises(ConfigError) as refused:
+        manual_optimization("PointGAN", {"accumulate_grad_batches": 4})
+    assert str(refused.value).startswith(
+        "trainer.accumulate_grad_batches=4 with manual optimization"
+        " (PointGAN.automatic_optimization is False)"
+    )
+    assert "accumulate in training_step" in str(refused.value)
 
 
 @pytest.mark.target

@@ -18,6 +18,7 @@ import yaml
 from instruments import read_records
 from support import (
     PROJECT_ROOT,
+    SCRIPT,
     SUBPROCESS_TIMEOUT,
     cli_env,
     configured,
@@ -227,14 +228,13 @@ def test_image_has_the_cuda_of_its_torch_build_and_runs_the_command_without_root
     uid = args["UID"]
     assert user == "${UID}" and int(uid) > 0
     (entrypoint,) = [arg for op, arg in steps if op == "ENTRYPOINT"]
-    assert entrypoint == '["{{ cookiecutter.project_slug }}"]'
-    assert re.search(r"^{{ cookiecutter.project_slug }} = ", pyproject, re.MULTILINE)  # the script
+    assert entrypoint == f'["{SCRIPT}"]'  # the script pyproject.toml declares
     # The Kubernetes job runs that image as that user, in its working directory.
     job = yaml.safe_load(PYTORCHJOB.read_text())
     pod = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
     assert pod["securityContext"]["runAsUser"] == int(uid) == pod["securityContext"]["fsGroup"]
     (container,) = pod["containers"]
-    assert container["image"].rsplit("/", 1)[1].split(":")[0] == "{{ cookiecutter.project_slug }}"
+    assert container["image"].rsplit("/", 1)[1].split(":")[0] == SCRIPT
     (workdir,) = [arg for op, arg in steps if op == "WORKDIR"]
     assert container["workingDir"] == workdir == "/workspace"
 

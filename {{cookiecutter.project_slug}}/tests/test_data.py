@@ -5,7 +5,9 @@ Kit test: the last tests run whatever DataModule `project.py` names.
 """
 
 import pickle
+import random
 
+import numpy as np
 import pytest
 import torch
 from host_syncs import CopiesToDevice
@@ -16,6 +18,7 @@ from torch.utils.data import ConcatDataset, DataLoader, Dataset, DistributedSamp
 from {{ cookiecutter.package_name }}.kit.data import (
     LoaderSettings,
     ResumableLoader,
+    SeededSamples,
     SlicedLoader,
     SplitDataModule,
     TensorBatches,
@@ -138,7 +141,9 @@ def test_split_datamodule_takes_any_dataset_a_collate_and_a_predict_split(monkey
     assert (loader.num_workers, loader.pin_memory, loader.persistent_workers) == (2, False, True)
     batch = next(iter(datamodule.val_dataloader()))
     assert set(batch) == {"tokens", "label"} and batch["tokens"].shape[0] == 2
-    assert datamodule.predict_dataloader().dataset is datamodule.splits["val"]
+    # Read through the kit's per-sample seeds (SeededSamples), which is the split's otherwise.
+    predicted = datamodule.predict_dataloader().dataset
+    assert predicted.dataset is datamodule.splits["val"] and len(predicted) == 2
     datamodule.hparams.predict_split = "unlabelled"
     with pytest.raises(KeyError, match=r"no 'unlabelled' split: SentenceData.make_splits\(\)"):
         datamodule.predict_dataloader()
@@ -317,3 +322,84 @@ def test_workers_asked_for_are_given_even_to_data_in_memory():
     assert same_values(
         list(datamodule.val_dataloader()), list(Tensors(batch_size=4).val_dataloader())
     )
+
+
+class Augmented(Dataset):
+    """Samples augmented as torchvision's transforms do, drawing from torch's, Python's and
+    NumPy's global generators: a row of [index, torch draw, random draw, NumPy draw]."""
+
+    def __len__(self):
+        return 23
+
+    def __getitem__(self, index):
+        return torch.tensor([index, torch.rand(()).item(), random.random(), np.random.rand()])
+
+
+def mixed_up(samples):
+    """A collate that draws too (mixup's permutation, say): a column of its own draws."""
+    batch = torch.stack(samples)
+    return torch.cat([batch, torch.rand(len(batch), 1)], dim=1)
+
+
+def augmented(workers: int, seed: int = 7, **kwargs) -> ResumableLoader:
+    return ResumableLoader(
+        Augmented(),
+        batch_size=4,
+        shuffle=True,
+        seed=seed,
+        num_workers=workers,
+        persistent_workers=workers > 0,
+        collate_fn=mixed_up,
+        **kwargs,
+    )
+
+
+def epochs_of(loader, epochs: int = 2) -> list[torch.Tensor]:
+    return [torch.cat(list(loader)) for _ in range(epochs)]
+
+
+def test_a_samples_random_draws_depend_on_the_sample_and_the_epoch_alone():
+    """Whatever reads it: the training process or 2 workers, from any global random state."""
+    torch.manual_seed(0)
+    alone = epochs_of(augmented(0))
+    torch.manual_seed(1)
+    random.seed(1)
+    np.random.seed(1)
+    with_workers = epochs_of(augmented(2))
+    for ours, theirs in zip(alone, with_workers, strict=True):
+        assert torch.equal(ours, theirs)
+    first, second = alone
+    assert not torch.equal(first[:, 1:], second[:, 1:])  # a new epoch, new draws
+    # One sample index in one epoch: the same augmentation in any batch it lands in.
+    by_index = {int(row[0]): row[1:4] for row in first}
+    again = epochs_of(augmented(0), epochs=1)[0]
+    assert all(torch.equal(by_index[int(row[0])], row[1:4]) for row in again)
+    # Reading the data moves none of the training process's own generators (its dropout).
+    states = torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy()
+    list(augmented(0))
+    assert torch.equal(states[0], torch.get_rng_state()) and states[1] == random.getstate()
+    assert np.array_equal(states[2], np.random.get_state()[1])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_augmented_epoch_resumed_mid_way_draws_what_it_would_have(workers):
+    uninterrupted = epochs_of(augmented(workers))
+    resumed = augmented(workers, seed=123)
+    resumed.load_state_dict({"seed": 7, "epoch": 1, "batches": 2, "finished": False})
+    torch.manual_seed(99)  # another global state: it does not matter
+    assert torch.equal(torch.cat(list(resumed)), uninterrupted[1][8:])
+
+
+def test_seeded_samples_can_be_turned_off_and_data_in_memory_is_read_as_it_is():
+    loader = augmented(0, seed_samples=False)
+    assert isinstance(loader.dataset, Augmented)
+    torch.manual_seed(0)
+    first = torch.cat(list(loader))
+    torch.manual_seed(1)
+    assert not torch.equal(first[:, 1], torch.cat(list(loader))[:, 1])  # the global state's
+    assert not isinstance(ResumableLoader(numbered(4)).dataset, SeededSamples)
+    # Rebuilt from its own attributes (as Lightning does to add a DistributedSampler):
+    # seeded once, with the collate function it was given.
+    seeded = augmented(0).dataset
+    rebuilt = ResumableLoader(seeded, batch_size=4, collate_fn=lambda batch: batch)
+    assert rebuilt.dataset.dataset is seeded.dataset and rebuilt.dataset.collate_fn is mixed_up

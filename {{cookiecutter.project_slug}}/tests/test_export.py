@@ -25,6 +25,7 @@ from {{ cookiecutter.package_name }}.__main__ import main as command
 from {{ cookiecutter.package_name }}.kit import export as export_module
 from {{ cookiecutter.package_name }}.kit.checkpoints import CheckpointError
 from {{ cookiecutter.package_name }}.kit.cli import main as kit_main
+from {{ cookiecutter.package_name }}.kit.data import global_generators_kept, seed_global_generators
 from {{ cookiecutter.package_name }}.kit.export import (
     CLI_INSTANTIATOR,
     ExportError,
@@ -54,10 +55,13 @@ def test_exported_network_loads_strictly_and_computes_like_the_checkpoint(
     assert not network.training
     for key, value in inner.state_dict().items():
         assert torch.equal(network.state_dict()[key], value), key
-    # The module's own predict_step, through the exported network, gives the same outputs.
+    # The module's own predict_step, through the exported network, gives the same outputs
+    # (from the same random states, for a step that draws: a generator's noise).
     batch = first_batch(configured(), "predict")
-    with torch.no_grad():
+    with torch.no_grad(), global_generators_kept(True):
+        seed_global_generators(0)
         expected = module.predict_step(batch, 0)
+        seed_global_generators(0)
         if attribute:
             *path, name = attribute.split(".")
             setattr(functools.reduce(getattr, path, module), name, network)

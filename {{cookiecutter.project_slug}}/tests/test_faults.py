@@ -17,6 +17,7 @@ from instruments import optimizer_fingerprint, parameter_fingerprint, read_recor
 from support import (
     PROJECT,
     assert_identical,
+    batches_of,
     best_score,
     failure,
     fork_cli,
@@ -226,10 +227,10 @@ def test_checkpoints_load_weights_only(trained_checkpoint, workdir, capfd):
 
 
 def resume_point(run) -> int:
-    """The global step `--ckpt_path last` would resume this run from (0: none)."""
+    """The batches trained that `--ckpt_path last` would resume this run after (0: none)."""
     for candidate in resume_candidates([run]):
         try:
-            return load_checkpoint(check_checkpoint(candidate))["global_step"]
+            return batches_of(load_checkpoint(check_checkpoint(candidate)))
         except CheckpointError:
             continue
     return 0
@@ -244,7 +245,7 @@ def test_chaos_ten_sigkills_at_random_moments_then_the_run_is_the_uninterrupted_
     the run ends with the uninterrupted one's weights, bit for bit, in one directory."""
     (uninterrupted,) = run_dirs(default_fit)
     expected = load_checkpoint(uninterrupted / "checkpoints" / "last.ckpt")
-    steps_per_epoch = expected["global_step"] // (expected["epoch"] + 1)
+    steps_per_epoch = batches_of(expected) // (expected["epoch"] + 1)
     rng = random.Random(20261203)
     resume_step, kills = 0, []
     for attempt in range(10):

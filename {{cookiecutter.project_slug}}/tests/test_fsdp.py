@@ -17,6 +17,7 @@ from support import (
     CONFIGS,
     PROJECT,
     assert_identical,
+    batches_of,
     logged_scalars,
     quiet_trainer,
     run_cli,
@@ -38,6 +39,7 @@ from {{ cookiecutter.package_name }}.kit.checkpoints import (
     recover_folders,
     resume_candidates,
 )
+from {{ cookiecutter.package_name }}.kit.memory import optimizers_of
 from {{ cookiecutter.package_name }}.kit.sharding import (
     FSDP2Strategy,
     FSDPOptions,
@@ -45,7 +47,7 @@ from {{ cookiecutter.package_name }}.kit.sharding import (
     find_blocks,
     find_parts,
 )
-from {{ cookiecutter.package_name }}.kit.spec import network_of
+from {{ cookiecutter.package_name }}.kit.spec import ConfigError, units_of
 from {{ cookiecutter.package_name }}.kit.sweep import fsdp_requested
 
 MONITOR = PROJECT.monitor
@@ -71,17 +73,21 @@ class Transformer(nn.Module):
 
 def test_the_repeated_blocks_are_sharded_one_by_one_the_outermost_only():
     network = Transformer()
-    blocks = find_blocks(network)
+    blocks = find_blocks([network])
     assert blocks == list(network.encoder.layers)  # not the attention inside each
-    assert find_blocks(network, ["encoder.layers.*"]) == blocks
-    assert find_blocks(network, ["TransformerEncoderLayer"]) == blocks
-    assert find_blocks(network, ["head"]) == [network.head]
-    assert find_blocks(nn.Sequential(nn.Linear(2, 2), nn.ReLU())) == []  # the root alone
+    assert find_blocks([network], ["encoder.layers.*"]) == blocks
+    assert find_blocks([network], ["TransformerEncoderLayer"]) == blocks
+    assert find_blocks([network], ["head"]) == [network.head]
+    assert find_blocks([nn.Sequential(nn.Linear(2, 2), nn.ReLU())]) == []  # the root alone
+    # Blocks repeated across the modules FSDP wraps: each module's, named from it.
+    other = Transformer()
+    assert find_blocks([network, other]) == blocks + list(other.encoder.layers)
+    assert find_blocks([network, other], ["head"]) == [network.head, other.head]
 
 
 def test_the_networks_other_parts_are_units_of_their_own_unless_they_share_a_weight():
     network = Transformer()
-    blocks = find_blocks(network)
+    blocks = find_blocks([network])
     assert find_parts(network, blocks) == [network.embed, network.head]  # encoder: blocks only
     network.head = nn.Linear(8, 4, bias=False)
     network.embed = nn.Linear(4, 8, bias=False)
@@ -106,7 +112,7 @@ class CallsPartsOneByOne(LightningModule):
 
 def test_a_step_may_call_the_networks_parts_one_by_one(tmp_path):
     data = TensorDataset(torch.randn(8, 3, 4), torch.randint(0, 2, (8,)))
-    strategy = FSDP2Strategy(network="net")
+    strategy = FSDP2Strategy()  # the module's one child with weights: net
     trainer = quiet_trainer(default_root_dir=tmp_path, strategy=strategy, max_steps=2)
     module = CallsPartsOneByOne()
     trainer.fit(module, DataLoader(data, batch_size=4))
@@ -115,15 +121,73 @@ def test_a_step_may_call_the_networks_parts_one_by_one(tmp_path):
 
 def test_a_block_name_that_matches_nothing_is_named_with_what_there_is():
     with pytest.raises(ValueError, match=r"fsdp.blocks: 'Layer' matches no module") as caught:
-        find_blocks(Transformer(), ["Layer"])
+        find_blocks([Transformer()], ["Layer"])
     assert "TransformerEncoderLayer" in str(caught.value)
 
 
 def test_the_projects_network_has_blocks_or_is_sharded_whole():
-    """Whatever the project's model, finding its blocks works and finds modules of it."""
-    _, network = network_of(PROJECT.model(), PROJECT.network)
-    blocks = find_blocks(network, PROJECT.shard_blocks)
-    assert all(any(block is module for module in network.modules()) for block in blocks)
+    """Whatever the project's model, what FSDP wraps holds every weight, and finding its
+    blocks works and finds modules of it."""
+    model = PROJECT.model()
+    units = units_of(model, PROJECT.wrap)
+    held = {id(p) for unit in units for p in unit.parameters()}
+    assert units and all(id(p) in held for p in model.parameters())
+    blocks = find_blocks(units, PROJECT.shard_blocks)
+    inside = [module for unit in units for module in unit.modules()]
+    assert all(any(block is module for module in inside) for block in blocks)
+
+
+class TwoNetworks(LightningModule):
+    """A GAN's shape: two networks, two optimizers, stepped by hand, each backward
+    leaving the other network's weights out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.generator = nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 2))
+        self.critic = nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 1))
+
+    def training_step(self, batch, batch_idx):
+        generator, critic = self.optimizers()
+        fake = self.generator(batch[0])
+        self.toggle_optimizer(generator)
+        self.manual_backward(-self.critic(fake).mean())
+        generator.step()
+        generator.zero_grad()
+        self.untoggle_optimizer(generator)
+        self.toggle_optimizer(critic)
+        self.manual_backward(self.critic(fake.detach()).mean() - self.critic(batch[0]).mean())
+        critic.step()
+        critic.zero_grad()
+        self.untoggle_optimizer(critic)
+
+    def configure_optimizers(self):
+        return [
+            torch.optim.SGD(self.generator.parameters(), lr=0.1),
+            torch.optim.SGD(self.critic.parameters(), lr=0.1),
+        ]
+
+
+def test_fsdp_wraps_every_network_of_the_module_whatever_export_writes(tmp_path):
+    data = TensorDataset(torch.randn(8, 2))
+    strategy = FSDP2Strategy()  # Project.network ("generator", for export) plays no part
+    trainer = quiet_trainer(default_root_dir=tmp_path, strategy=strategy, max_steps=4)
+    module = TwoNetworks()
+    trainer.fit(module, DataLoader(data, batch_size=4))
+    assert trainer.global_step == 4  # two batches, two optimizer steps each
+    from torch.distributed.fsdp import FSDPModule
+
+    assert isinstance(module.generator, FSDPModule) and isinstance(module.critic, FSDPModule)
+
+
+def test_weights_fsdp_would_not_shard_are_refused_in_one_line(tmp_path):
+    module = TwoNetworks()
+    module.scale = nn.Parameter(torch.ones(()))  # on the module itself, in no submodule
+    trainer = quiet_trainer(default_root_dir=tmp_path, strategy=FSDP2Strategy(), max_steps=1)
+    with pytest.raises(ConfigError, match=r"fsdp: TwoNetworks has weights outside .* \(scale\)"):
+        trainer.fit(module, DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=4))
+    with pytest.raises(ConfigError, match=r"Project.wrap='gen' is not a submodule of TwoNetworks"):
+        units_of(TwoNetworks(), ["gen"])
 
 
 def test_tensor_parallelism_and_a_second_strategy_are_refused_by_name(workdir, capsys):
@@ -228,6 +292,15 @@ def uninterrupted(request, tmp_path_factory):
 
 
 @pytest.mark.slow
+def test_a_refusal_on_every_rank_is_one_line_for_the_job(workdir):
+    refused = fit(workdir, "--fsdp.blocks=[NoSuchBlock]", check=False)
+    assert refused.returncode == 2, refused.stderr[-4000:]
+    (line,) = [line for line in refused.stderr.splitlines() if "error:" in line]
+    assert line.startswith("error: fsdp.blocks: 'NoSuchBlock' matches no module")
+    assert "Traceback" not in refused.stderr
+
+
+@pytest.mark.slow
 def test_fsdp_shards_the_network_and_saves_folders_of_shards(uninterrupted):
     (run,) = run_dirs(uninterrupted)
     folders = sorted((run / "checkpoints").iterdir())
@@ -236,13 +309,13 @@ def test_fsdp_shards_the_network_and_saves_folders_of_shards(uninterrupted):
         for f in folders
     )
     checkpoint = consolidate(run / "checkpoints" / "last.ckpt")
-    _, network = network_of(PROJECT.model(), PROJECT.network)
-    assert checkpoint["global_step"] > 0 and len(checkpoint["optimizer_states"]) == 1
-    # The shards join into the whole network, every weight of its full shape.
-    prefix = PROJECT.network + "." if PROJECT.network else ""
-    for name, tensor in network.state_dict().items():
-        key = next(k for k in checkpoint["state_dict"] if k.endswith(prefix + name))
-        assert checkpoint["state_dict"][key].shape == tensor.shape, key
+    module = PROJECT.model()
+    optimizers, _ = optimizers_of(module)
+    assert checkpoint["global_step"] > 0
+    assert len(checkpoint["optimizer_states"]) == (len(optimizers) or 1)
+    # The shards join into the whole module, every weight of its full shape.
+    for name, tensor in module.state_dict().items():
+        assert checkpoint["state_dict"][name].shape == tensor.shape, name
 
 
 @pytest.mark.slow
@@ -253,7 +326,7 @@ def test_a_stopped_fsdp_run_resumes_exactly(workdir, uninterrupted, sent):
     they stopped together), resumed with --ckpt_path last: weights, optimizer state and
     the logged metric as if never stopped."""
     _, theirs = joined(uninterrupted)
-    steps = theirs["global_step"] // (theirs["epoch"] + 1)
+    steps = batches_of(theirs) // (theirs["epoch"] + 1)
     env = {"INSTRUMENTS_KILL_STEP": str(steps * 3 // 2)}
     killed_together("fit", *FLAGS, *FSDP, INSTRUMENTS, cwd=workdir, env=env, sent=sent)
     (run,) = run_dirs(workdir)
@@ -264,7 +337,7 @@ def test_a_stopped_fsdp_run_resumes_exactly(workdir, uninterrupted, sent):
     )
     (continued,) = re.findall(r"continue: .*", resumed.stdout + resumed.stderr)
     assert continued.endswith("--fsdp.enabled true")  # its checkpoints are shards
-    starts = {r["rank"]: r["global_step"] for r in read_records(workdir / "s", "train_start")}
+    starts = {r["rank"]: r["batches"] for r in read_records(workdir / "s", "train_start")}
     assert starts[0] == starts[1] and starts[0] % steps  # both ranks, mid-epoch
     (run, ours), (their_run, _) = joined(workdir), joined(uninterrupted)
     assert (ours["epoch"], ours["global_step"]) == (theirs["epoch"], theirs["global_step"])

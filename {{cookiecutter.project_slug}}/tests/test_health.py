@@ -11,7 +11,7 @@ import pytest
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import Logger
-from support import FakeClock, main, quiet_trainer
+from support import FakeClock, batches_trained, main, quiet_trainer
 from torch.utils.data import DataLoader, Dataset
 
 from {{ cookiecutter.package_name }}.kit.callbacks import find_callback
@@ -83,7 +83,7 @@ def test_slow_data_triggers_the_data_wait_warning_with_exact_numbers():
     health, messages = fit_with_health(seconds_per_item=0.01)  # 8 x 10 ms a batch
     wait, compute = BATCHES * BATCH * 0.01, BATCHES * STEP_SECONDS
     summary = health.summary
-    assert summary["steps"] == BATCHES
+    assert summary["batches"] == BATCHES
     assert summary["data_wait_share"] == pytest.approx(wait / (wait + compute), abs=1e-3)
     assert summary["samples_per_s"] == pytest.approx(BATCHES * BATCH / (wait + compute), rel=1e-3)
     (warning,) = [m for m in messages if "waited for data" in m]
@@ -113,9 +113,13 @@ def test_loader_workers_take_the_data_wait_off_the_training_process():
 
 def test_report_is_printed_at_fit_end(workdir, caplog):
     with caplog.at_level(logging.INFO):
-        main(["fit", "--trainer.max_steps=3", "--trainer.enable_progress_bar=false"])
+        cli = main(["fit", "--trainer.max_steps=3", "--trainer.enable_progress_bar=false"])
     line = next(r.message for r in caplog.records if r.message.startswith("Training health"))
-    assert "samples/s | data wait" in line and "effective batch" in line and "| 3 steps" in line
+    assert "samples/s | data wait" in line and "effective batch" in line
+    # Batches, and the optimizer steps they took where those differ (several optimizers).
+    batches, steps = batches_trained(cli.trainer), cli.trainer.global_step
+    counted = f"| {batches} batches" + (f", {steps} optimizer steps" if steps != batches else "")
+    assert line.endswith(counted) and batches >= 2
 
 
 def test_batch_length_of_common_batch_shapes():
@@ -161,10 +165,11 @@ def test_flops_are_counted_on_the_first_step_and_give_flop_per_second(workdir, m
     health = find_callback(cli.trainer, TrainingHealth)
     summary = health.summary
     assert summary["flops_per_batch"] and summary["flops_per_batch"] > 0
-    # Timed over every step but the first, which counted the FLOPs.
-    assert health.timed_steps == 2
+    # Timed over every step (batch) but the first, which counted the FLOPs.
+    timed = batches_trained(cli.trainer) - 1
+    assert health.timed_steps == timed > 0
     assert summary["flops_per_s"] == pytest.approx(
-        summary["flops_per_batch"] * 2 / health.compute, rel=1e-6
+        summary["flops_per_batch"] * timed / health.compute, rel=1e-6
     )
     assert summary["mfu"] is None or torch.cuda.is_available()  # a CPU has no known peak
 
@@ -248,7 +253,7 @@ def test_on_cuda_data_wait_is_the_devices_idle_time_read_off_events(step, item, 
     health.clock, health.events, health.event = clock, True, gpu.event
     fit_on_the_clock(QueuesWork(clock, gpu, step), clock, [health], item)
     summary = health.summary
-    assert summary["clock"] == "device" and summary["steps"] == BATCHES
+    assert summary["clock"] == "device" and summary["batches"] == BATCHES
     # Every step but the first (which counts the FLOPs) is timed.
     assert health.timed_steps == BATCHES - 1
     assert health.compute == pytest.approx((BATCHES - 1) * step)

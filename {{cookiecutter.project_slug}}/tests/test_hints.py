@@ -7,15 +7,14 @@ import re
 
 import pytest
 import torch
-from support import PROJECT, PROJECT_ROOT, configured, first_batch, run_cli
-from test_model import loss_of, training_step_on_meta
+from support import PROJECT, PROJECT_ROOT, SCRIPT, configured, first_batch, run_cli
+from test_model import made_on_the_cpu, training_step_on_meta
 
 from {{ cookiecutter.package_name }}.__main__ import main as command
 from {{ cookiecutter.package_name }}.kit.hints import HINTS, explain, find_hint, markdown_table
 from {{ cookiecutter.package_name }}.kit.machine import free_port
 
 Model = PROJECT.model
-COMMAND = "my-lightning-project"  # as the README names the command
 
 # Each guide error as torch, CUDA or Lightning words it, and the hint it must get.
 REAL_MESSAGES = [
@@ -37,6 +36,12 @@ REAL_MESSAGES = [
         "NCCL/gloo timeout or connection error",
     ),
     ("No module named 'torch.distributed'", "No module named 'torch.distributed'"),
+    (
+        "It looks like your LightningModule has parameters that were not used in producing the"
+        " loss returned by training_step. If this is intentional, you must enable the detection"
+        " of unused parameters in DDP",
+        "parameters that were not used in producing the loss",
+    ),
 ]
 
 
@@ -67,10 +72,10 @@ def test_readme_table_is_the_hint_table():
     readme = (PROJECT_ROOT / "README.md").read_text(encoding="utf-8")
     section = re.search(r"<!-- hints:start -->\n(.*?)\n<!-- hints:end -->", readme, re.DOTALL)
     assert section, "README.md lost its troubleshooting table markers"
-    table = markdown_table(COMMAND)
+    table = markdown_table(SCRIPT)  # the command as the README names it
     assert section.group(1) == table, (
         "README.md's troubleshooting table differs from hints.HINTS; regenerate it with "
-        f"`python -m {{ cookiecutter.package_name }}.kit.hints {COMMAND}`"
+        f"`python -m {PROJECT.package}.kit.hints {SCRIPT}`"
     )
     assert len(table.splitlines()) == len(HINTS) + 2
 
@@ -126,18 +131,8 @@ def test_device_mismatch_in_a_step_shows_where_tensors_live(workdir, monkeypatch
 
 def test_a_step_that_breaks_the_meta_rule_gets_the_device_hint():
     cli = configured()
-    model, batch = cli.model, first_batch(cli)
-
-    class Buggy(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.inner = model
-
-        def training_step(self, batch, batch_idx):
-            return loss_of(self.inner.training_step(batch, batch_idx)) + torch.ones(1)
-
     with pytest.raises(RuntimeError) as error:
-        training_step_on_meta(Buggy(), batch)
+        training_step_on_meta(made_on_the_cpu(cli.model), first_batch(cli))
     assert "Hint: Expected all tensors to be on the same device" in explain(error.value, {})
 
 

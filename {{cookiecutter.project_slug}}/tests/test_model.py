@@ -3,6 +3,7 @@
 Kit test: it runs whatever model and data `project.py` names.
 """
 
+import copy
 import re
 import traceback
 import warnings
@@ -13,11 +14,7 @@ from lightning.fabric.utilities.apply_func import move_data_to_device
 from support import SRC, configured, first_batch
 from torch import nn
 
-
-def loss_of(output) -> torch.Tensor:
-    """The loss a training_step returned: a tensor, or the "loss" of a dict."""
-    return output["loss"] if isinstance(output, dict) else output
-
+from {{ cookiecutter.package_name }}.kit.memory import training_step
 
 # Operations that need the values of tensors, which the meta device does not have.
 NEEDS_VALUES = re.compile(
@@ -27,7 +24,9 @@ NEEDS_VALUES = re.compile(
 
 
 def training_step_on_meta(module: nn.Module, batch) -> None:
-    """training_step + backward with every parameter and every tensor of the batch on `meta`.
+    """A training step (its backward passes too) with every parameter and every tensor of
+    the batch on `meta`, run as Lightning runs it (kit.memory.training_step: a manual
+    one with the module's own optimizers).
 
     A tensor the step creates without a device (`torch.zeros(n)`) lands on the
     CPU, and mixing it with meta tensors raises, exactly as it would with CUDA
@@ -40,7 +39,7 @@ def training_step_on_meta(module: nn.Module, batch) -> None:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*self.log.*")  # no Trainer attached
         try:
-            loss = loss_of(module.training_step(batch, 0))
+            backwards = training_step(module, batch)
         except (RuntimeError, NotImplementedError) as error:
             if not NEEDS_VALUES.search(str(error)):
                 raise
@@ -50,10 +49,23 @@ def training_step_on_meta(module: nn.Module, batch) -> None:
                 f"the step reads tensor values, which the meta device has not ({error};"
                 f" {where.filename}:{where.lineno}): no device check for this model"
             )
-    assert loss.device.type == "meta"
-    loss.backward()
-    grads = [p.grad for p in module.parameters() if p.requires_grad]
-    assert grads and all(g is not None and g.device.type == "meta" for g in grads)
+    assert backwards and all(b.loss.device.type == "meta" for b in backwards)
+    grads = [grad for b in backwards for grad in b.grads]
+    assert grads and all(grad.device.type == "meta" for grad in grads)
+
+
+def made_on_the_cpu(module: nn.Module) -> nn.Module:
+    """The classic bug, planted: a copy of `module` whose layers with weights add a tensor
+    made without a device (`torch.zeros(1)`, on the CPU) to what they return."""
+    module = copy.deepcopy(module)
+
+    def plant(layer, inputs, output):
+        return output + torch.zeros(1) if isinstance(output, torch.Tensor) else None
+
+    for layer in module.modules():
+        if any(True for _ in layer.parameters(recurse=False)):
+            layer.register_forward_hook(plant)
+    return module
 
 
 @pytest.fixture(scope="module")
@@ -69,18 +81,8 @@ def test_training_step_runs_on_the_meta_device(model_and_batch):
 
 def test_meta_check_catches_a_tensor_made_on_the_cpu(model_and_batch):
     model, batch = model_and_batch
-
-    class Buggy(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.inner = model
-
-        def training_step(self, batch, batch_idx):
-            loss = loss_of(self.inner.training_step(batch, batch_idx))
-            return loss + torch.zeros(1)  # the classic bug: no device=
-
     with pytest.raises(RuntimeError, match="device"):
-        training_step_on_meta(Buggy(), batch)
+        training_step_on_meta(made_on_the_cpu(model), batch)
 
 
 def test_no_hard_coded_devices_in_the_source():

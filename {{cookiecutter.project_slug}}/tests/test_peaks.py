@@ -85,7 +85,8 @@ def test_an_unknown_gpu_says_its_peak_is_unknown_once(monkeypatch, caplog):
         "peak_unknown": "NVIDIA Z9000 in torch.bfloat16",
         "peak_memory_mib": [512.0],
         "effective_batch_size": 64,
-        "steps": 10,
+        "batches": 10,
+        "optimizer_steps": 10,
     }
     monkeypatch.setattr(health, "measure", lambda trainer, pl_module: dict(facts))
     trainer = SimpleNamespace(world_size=1)

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -27,6 +28,7 @@ from support import (
     CONFIGS,
     PROJECT,
     assert_identical,
+    batches_of,
     cli_env,
     failure,
     folder_of,
@@ -38,11 +40,17 @@ from support import (
     shared,
     wait_for,
 )
-from support.processes import SUBPROCESS_TIMEOUT, killed_together
+from support.processes import (
+    SUBPROCESS_TIMEOUT,
+    children_until_it_ends,
+    killed_together,
+    still_alive,
+)
 
 from {{ cookiecutter.package_name }}.kit import cli
-from {{ cookiecutter.package_name }}.kit.data import SplitDataModule
+from {{ cookiecutter.package_name }}.kit.data import ResumableLoader, SplitDataModule
 from {{ cookiecutter.package_name }}.kit.internals import request_stop
+from {{ cookiecutter.package_name }}.kit.resume import ResumeState
 
 MONITOR = PROJECT.monitor
 FLAGS = ("--trainer.max_epochs=2", "--trainer.enable_progress_bar=false")
@@ -96,8 +104,9 @@ def assert_same_run(folder, uninterrupted) -> None:
 
 
 def steps_per_epoch(uninterrupted) -> int:
+    """The training batches of an epoch (the instruments' steps)."""
     _, theirs = final(uninterrupted)
-    return theirs["global_step"] // (theirs["epoch"] + 1)
+    return batches_of(theirs) // (theirs["epoch"] + 1)
 
 
 def stop_mid_epoch(workdir, uninterrupted, sent: int, *flags: str) -> None:
@@ -111,7 +120,7 @@ def stop_mid_epoch(workdir, uninterrupted, sent: int, *flags: str) -> None:
     assert stopped.wait() == (143 if sent == signal.SIGTERM else 1)
     (run_dir,) = run_dirs(workdir)
     saved = load_checkpoint(run_dir / "checkpoints" / "interrupted.ckpt")
-    assert step <= saved["global_step"] <= step + 1  # between two steps, mid-epoch
+    assert step <= batches_of(saved) <= step + 1  # between two steps, mid-epoch
 
 
 @pytest.fixture
@@ -129,11 +138,26 @@ def test_a_run_stopped_mid_epoch_resumes_exactly(workdir, uninterrupted, sent):
 
 
 @pytest.mark.slow
-def test_with_loader_workers_a_resume_is_exact(workdir, uninterrupted):
+@pytest.mark.parametrize("workers", [0, 2], ids=["no workers", "2 workers"])
+@pytest.mark.parametrize("sent", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_with_any_loader_workers_a_run_stopped_mid_epoch_resumes_exactly(
+    workdir, uninterrupted, sent, workers
+):
+    """Random augmentation in a dataset's __getitem__ included (its draws are the sample's
+    and the epoch's), however many workers read it; a SIGKILLed run's workers end with it."""
     if not issubclass(PROJECT.datamodule, SplitDataModule):
         pytest.skip("the DataModule is not a SplitDataModule: no --data.num_workers")
-    stop_mid_epoch(workdir, uninterrupted, signal.SIGTERM, "--data.num_workers=1")
-    run_forked("fit", "--ckpt_path=last", *FLAGS, "--data.num_workers=1", cwd=workdir)
+    flags = (f"--data.num_workers={workers}",)
+    if sent == signal.SIGTERM:
+        stop_mid_epoch(workdir, uninterrupted, sent, *flags)
+    else:  # after a mid-epoch save, so that the resume starts mid-epoch too
+        flags += ("--checkpoint.every_n_train_steps=2",)
+        env = {"INSTRUMENTS_KILL_STEP": str(steps_per_epoch(uninterrupted) * 3 // 2 + 1)}
+        killed = fork_cli("fit", *FLAGS, *flags, INSTRUMENTS, cwd=workdir, env=env)
+        workers_seen = children_until_it_ends(killed)
+        assert killed.wait() == -signal.SIGKILL
+        assert not still_alive(workers_seen, within=10), "loader workers outlived their run"
+    run_forked("fit", "--ckpt_path=last", *FLAGS, *flags, cwd=workdir)
     assert_same_run(workdir, uninterrupted)
 
 
@@ -167,13 +191,13 @@ def test_mid_epoch_checkpoints_lose_at_most_their_interval_and_resume_exactly(
     assert killed.wait() == -signal.SIGKILL
     (run_dir,) = run_dirs(workdir)
     saved = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")
-    assert kill - every < saved["global_step"] <= kill
+    assert kill - every < batches_of(saved) <= kill
     assert not list((run_dir / "checkpoints").glob("best-*"))  # chosen by validation only
     run_forked("fit", "--ckpt_path=last", *flags, cwd=workdir)
     assert_same_run(workdir, uninterrupted)
     # Every epoch still ends with its best and last, as without mid-epoch saves.
     (best,) = (run_dir / "checkpoints").glob("best-*")
-    assert load_checkpoint(best)["global_step"] % steps_per_epoch(uninterrupted) == 0
+    assert batches_of(load_checkpoint(best)) % steps_per_epoch(uninterrupted) == 0
 
 
 @pytest.mark.slow
@@ -204,7 +228,7 @@ def test_under_ddp_each_rank_resumes_exactly(workdir, request, tmp_path_factory)
     env = {"INSTRUMENTS_RECORD": str(workdir / "seen")}
     run(workdir, "--ckpt_path=last", *flags, ddp=True, env=env)
     # Both ranks resumed mid-epoch, at the same step.
-    starts = {r["rank"]: r["global_step"] for r in read_records(workdir / "seen", "train_start")}
+    starts = {r["rank"]: r["batches"] for r in read_records(workdir / "seen", "train_start")}
     assert starts[0] == starts[1] and starts[0] % steps
     assert_same_run(workdir, uninterrupted)
 
@@ -223,25 +247,49 @@ def test_a_resume_that_cannot_be_exact_says_why_in_one_line(trained_checkpoint, 
     assert "saved by 2 processes, resumed by 1" in line and "resume with 2 processes" in line
 
 
+def test_augmentation_left_to_each_process_is_a_resume_that_says_so():
+    class Files(torch.utils.data.Dataset):  # read per sample: it may augment
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, index):
+            return torch.tensor([index])
+
+    state = ResumeState()
+    state.load_state_dict({"world_size": 1, "random_states": [{}]})
+    trainer = SimpleNamespace(
+        ckpt_path="last.ckpt",
+        world_size=1,
+        strategy=SimpleNamespace(root_device=torch.device("cpu")),
+    )
+    seeded = ResumableLoader(Files(), batch_size=4)
+    assert state.inexact(trainer, [seeded]) == []
+    (line,) = state.inexact(trainer, [ResumableLoader(Files(), batch_size=4, seed_samples=False)])
+    assert "seed_samples off" in line and "augmentation" in line
+
+
 class StopAt(Callback):
-    """Asks the fit to stop at `step`, as a SIGTERM would."""
+    """Asks the fit to stop once `step` batches are trained, as a SIGTERM would."""
 
     def __init__(self, step: int) -> None:
         self.step = step
 
     def on_train_batch_end(self, trainer, *args) -> None:
-        if trainer.global_step == self.step:
+        if trainer.fit_loop.epoch_loop.total_batch_idx + 1 == self.step:
             request_stop(trainer)
 
 
 class CountsItsSteps(PROJECT.model):
     """The project's model, with OneCycleLR over `trainer.estimated_stepping_batches`:
     reading it sets the training DataLoader up before a checkpoint is restored
-    (Lightning #20550)."""
+    (Lightning #20550). A model that steps its optimizers by hand keeps its own, and
+    reads the estimate all the same."""
 
     def configure_optimizers(self):
-        optimizer = torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.9)
         total = self.trainer.estimated_stepping_batches
+        if not self.automatic_optimization:
+            return super().configure_optimizers()
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.9)
         scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, total_steps=total)
         return {
             "optimizer": optimizer,
@@ -250,15 +298,16 @@ class CountsItsSteps(PROJECT.model):
 
 
 class DrawsEveryStep(PROJECT.model):
-    """The project's model, with a training loss that draws from torch (dropout), Python
-    and NumPy at every step: the weights then depend on every random state."""
+    """The project's model, whose weights are scaled at every step by draws from torch
+    (dropout), Python and NumPy: the weights then depend on every random state."""
 
-    def training_step(self, batch, batch_idx):
-        output = super().training_step(batch, batch_idx)
-        loss = output["loss"] if isinstance(output, dict) else output
-        kept = torch.nn.functional.dropout(loss.new_ones(()), p=0.5, training=True)
-        scaled = loss * kept * (1 + random.random()) * (1 + float(np.random.rand()))
-        return {**output, "loss": scaled} if isinstance(output, dict) else scaled
+    def on_train_batch_start(self, batch, batch_idx):
+        kept = torch.nn.functional.dropout(torch.ones(()), p=0.5, training=True)
+        scale = 1 + 1e-3 * float(kept) * random.random() * float(np.random.rand())
+        with torch.no_grad():
+            for parameter in self.parameters():
+                parameter.mul_(scale)
+        return super().on_train_batch_start(batch, batch_idx)
 
 
 @pytest.mark.slow

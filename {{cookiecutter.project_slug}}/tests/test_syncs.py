@@ -11,12 +11,12 @@ import pytest
 from host_syncs import SyncCounter
 from support import PROJECT, main
 
-# 14 steps, logging every third: steps that log, steps that do not, and an epoch's
-# start (where in-memory data copies its new order once): two epochs of 7 batches, or
-# more epochs of fewer for data of fewer batches.
+# 14 steps (batches), logging every third: steps that log, steps that do not, and an
+# epoch's start (where in-memory data copies its new order once): two epochs of 7
+# batches, or more epochs of fewer for data of fewer batches.
+BATCHES = 14
 FLAGS = [
     "fit",
-    "--trainer.max_steps=14",
     "--trainer.max_epochs=14",
     "--trainer.limit_train_batches=7",
     "--trainer.limit_val_batches=2",
@@ -25,7 +25,7 @@ FLAGS = [
 
 
 def fit_counting(*flags: str) -> SyncCounter:
-    counter = SyncCounter()
+    counter = SyncCounter(batches=BATCHES)
     main([*FLAGS, *flags], callbacks=[counter])
     return counter
 
@@ -65,13 +65,13 @@ def test_the_counter_sees_a_sync_in_a_step(workdir, monkeypatch):
     Model = PROJECT.model  # noqa: N806  (a class)
     step = Model.training_step
 
-    def reads_the_loss(self, batch, batch_idx):
-        loss = step(self, batch, batch_idx)
-        self.last_loss = loss.item() if hasattr(loss, "item") else loss["loss"].item()
-        return loss
+    def reads_a_value(self, batch, batch_idx):
+        output = step(self, batch, batch_idx)
+        self.last_value = next(self.parameters()).sum().item()
+        return output
 
-    monkeypatch.setattr(Model, "training_step", reads_the_loss)
+    monkeypatch.setattr(Model, "training_step", reads_a_value)
     counter = fit_counting()
     quiet = [s for s in counter.steps if not s[1]]
     assert all(len(calls) == 1 for _, _, calls in quiet)
-    assert "reads_the_loss" in quiet[0][2][0][1]
+    assert "reads_a_value" in quiet[0][2][0][1]

@@ -84,13 +84,22 @@ class DigitsDataModule(SplitDataModule):
         on_device: bool | None = None,
         fold: int = 0,
         folds: int = 1,
+        seed_samples: bool = True,
         val_fraction: float = 0.15,
         test_fraction: float = 0.15,
         from_files: bool = False,
         data_dir: str = "data/digits",
     ):
         super().__init__(
-            batch_size, num_workers, pin_memory, split_seed, predict_split, on_device, fold, folds
+            batch_size,
+            num_workers,
+            pin_memory,
+            split_seed,
+            predict_split,
+            on_device,
+            fold,
+            folds,
+            seed_samples,
         )
         self.sizes = split_sizes(NUM_SAMPLES, val_fraction, test_fraction)
 
@@ -135,6 +144,7 @@ class SyntheticRegressionDataModule(SplitDataModule):
         on_device: bool | None = None,
         fold: int = 0,
         folds: int = 1,
+        seed_samples: bool = True,
         num_samples: int = 4096,
         in_features: int = 16,
         noise: float = 0.1,
@@ -142,7 +152,15 @@ class SyntheticRegressionDataModule(SplitDataModule):
         test_fraction: float = 0.15,
     ):
         super().__init__(
-            batch_size, num_workers, pin_memory, split_seed, predict_split, on_device, fold, folds
+            batch_size,
+            num_workers,
+            pin_memory,
+            split_seed,
+            predict_split,
+            on_device,
+            fold,
+            folds,
+            seed_samples,
         )
         self.sizes = split_sizes(num_samples, val_fraction, test_fraction)
 

@@ -130,6 +130,41 @@ def fork_cli(*args: str, cwd: Path, env: dict | None = None) -> ForkedRun:
     return ForkedRun(args, cwd, cli_env(env))
 
 
+def _stat(pid: int | str) -> list[str] | None:
+    """A process's /proc stat fields after its name (state first), or None: gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def children_until_it_ends(run: ForkedRun) -> set[tuple[int, str]]:
+    """The processes `run` started (its loader workers), as (pid, start time), watched on
+    Linux's /proc until it ends (empty elsewhere); its exit code is then `run.wait()`'s."""
+    seen: set[tuple[int, str]] = set()
+    while run.poll() is None and Path("/proc").is_dir():
+        for entry in Path("/proc").iterdir():
+            fields = _stat(entry.name) if entry.name.isdigit() else None
+            if fields and fields[1] == str(run.process.pid):  # its parent: the run
+                seen.add((int(entry.name), fields[19]))
+        time.sleep(0.1)
+    return seen
+
+
+def still_alive(processes: set[tuple[int, str]], within: float) -> set[tuple[int, str]]:
+    """Those of `processes` alive (not zombies) after up to `within` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        alive = set()
+        for pid, started in processes:
+            fields = _stat(pid)
+            if fields and fields[19] == started and fields[0] != "Z":
+                alive.add((pid, started))
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.2)
+
+
 def run_forked(*args: str, cwd: Path, env: dict | None = None, check: bool = True):
     """Run `<package> args...` to the end in a forked process; like run_cli."""
     result = fork_cli(*args, cwd=cwd, env=env)

@@ -1,6 +1,7 @@
 """The project under test, as its command runs it: the one place tests get it from."""
 
-from functools import partial
+import re
+from functools import cache, partial
 from pathlib import Path
 
 from {{ cookiecutter.package_name }}.__main__ import project
@@ -12,5 +13,21 @@ CONFIGS = PROJECT_ROOT / "configs"
 SRC = PROJECT_ROOT / "src"
 TESTS = PROJECT_ROOT / "tests"
 PACKAGE = PROJECT.package
+# The console command pyproject.toml declares, as the docs name it (read as text:
+# tomllib is not in every supported Python).
+SCRIPT = re.search(
+    r"^\[project\.scripts\]\s*^([\w.-]+)\s*=",
+    (PROJECT_ROOT / "pyproject.toml").read_text(encoding="utf-8"),
+    re.MULTILINE,
+).group(1)
+
+
+@cache
+def optimizes_by_hand() -> bool:
+    """Whether the project's model steps its optimizers itself (`automatic_optimization`
+    False, as a GAN's does): Lightning then accumulates no gradients for it."""
+    return PROJECT.model().automatic_optimization is False
+
+
 # The kit's CLI for this project: main(["fit", ...], run=False, callbacks=[...]).
 main = partial(cli.main, project=PROJECT)

@@ -63,8 +63,14 @@ def logged_scalars(run: Path) -> dict[str, list[float]]:
 
 
 def run_dirs(root: Path) -> list[Path]:
-    """The run directories under `root` (logs/<project>/<run id>), oldest first."""
-    runs = [run for run in (root / "logs" / "{{ cookiecutter.project_slug }}").glob("*")]
+    """The run directories under `root` (logs/<project>/<run id>, the W&B project that
+    configs/default.yaml names), oldest first."""
+    import yaml
+
+    from .project import PROJECT
+
+    logger = yaml.safe_load(PROJECT.defaults.read_text())["trainer"]["logger"]
+    runs = (root / "logs" / logger["init_args"]["project"]).glob("*")
     return sorted(runs, key=lambda run: run.stat().st_mtime)
 
 
@@ -125,6 +131,19 @@ def folder_of(checkpoint: Path) -> Path:
 def load_checkpoint(path: Path) -> dict:
     """A Lightning checkpoint, loaded the safe way (tensors and plain values only)."""
     return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def batches_of(checkpoint: dict) -> int:
+    """The training batches a checkpoint's run had trained (a save after a batch's step
+    counts it). Its `global_step` counts optimizer steps: one a batch for most models,
+    one per optimizer for a model that steps several by hand (a GAN), fewer with
+    gradient accumulation."""
+    return checkpoint["loops"]["fit_loop"]["epoch_loop.batch_progress"]["total"]["processed"]
+
+
+def batches_trained(trainer) -> int:
+    """The training batches a Trainer has trained (what `batches_of` reads once saved)."""
+    return trainer.fit_loop.epoch_loop.batch_progress.total.processed
 
 
 def assert_identical(ours, theirs, where: str = "") -> None:

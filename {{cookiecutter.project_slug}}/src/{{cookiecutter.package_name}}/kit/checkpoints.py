@@ -372,6 +372,11 @@ class BestAndLast(ModelCheckpoint):
         super().on_train_start(trainer, pl_module)
         self._last_time = self.clock()
 
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # Lightning saves `last` here even in a fast_dev_run, which saves nothing else.
+        if not trainer.fast_dev_run:
+            super().on_train_end(trainer, pl_module)
+
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, index: int
     ) -> None:

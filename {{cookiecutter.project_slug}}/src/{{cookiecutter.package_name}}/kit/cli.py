@@ -83,8 +83,8 @@ from .runs import (
     run_directory,
     run_of_checkpoint,
 )
-from .sharding import FSDPOptions, consolidated, sharded_strategy
-from .spec import Project
+from .sharding import FSDP2Strategy, FSDPOptions, consolidated
+from .spec import ConfigError, Project
 
 # What each logger needs from the environment before it starts (a variable the
 # user set wins): MLflow 3 refuses its local file store unless asked (a folder
@@ -171,10 +171,6 @@ def resolve_hardware(trainer: dict[str, Any], say=rank_zero_info) -> None:
             f"sync_batchnorm off: SyncBatchNorm works on CUDA only and this run uses"
             f" {accelerator}; each rank normalises its own part of the batch"
         )
-
-
-class ConfigError(ValueError):
-    """A value the model, the data or the Trainer refused; the message names it."""
 
 
 class ProjectParser(LightningArgumentParser):
@@ -378,7 +374,7 @@ class ProjectCLI(LightningCLI):
         # What the project says about its own code, for the callbacks that use it.
         compile_ = find_callback(self.trainer, CompileNetwork)
         if compile_ is not None:
-            compile_.attribute = self.project.network
+            compile_.wrap = self.project.wrap
         writer = find_callback(self.trainer, PredictionWriter)
         if writer is not None:
             writer.columns = self.project.prediction_columns
@@ -416,9 +412,11 @@ class ProjectCLI(LightningCLI):
                     f"fsdp.enabled with trainer.strategy={config['strategy']!r}: FSDP is the"
                     " strategy; leave trainer.strategy out (configs/fsdp.yaml does)"
                 )
-            config["strategy"] = sharded_strategy(
-                options, self.project.network, self.project.shard_blocks
-            )
+            project = self.project
+            config["strategy"] = FSDP2Strategy(options, project.wrap, project.shard_blocks)
+        manual = getattr(self.model, "automatic_optimization", True) is False
+        if manual and self.subcommand in (None, "fit"):
+            manual_optimization(type(self.model).__name__, config)
         trainer = super()._instantiate_trainer(config, callbacks)
         # The config callback Lightning's CLI added is the kit's too.
         own |= {id(c) for c in trainer.callbacks if isinstance(c, SaveConfigCallback)}
@@ -450,6 +448,26 @@ class ProjectCLI(LightningCLI):
             accumulate_grad_batches=trainer.get("accumulate_grad_batches"),
             devices=trainer.get("devices"),
             accelerator=trainer.get("accelerator"),
+        )
+
+
+def manual_optimization(model: str, trainer: dict[str, Any]) -> None:
+    """What a Trainer config needs for a module that steps its optimizers itself: no
+    accumulation by Lightning (refused in one line), and under DDP the parameters a
+    backward leaves out (a GAN's, in each of its two) looked for, said in one line."""
+    accumulate = trainer.get("accumulate_grad_batches") or 1
+    if accumulate != 1:
+        raise ConfigError(
+            f"trainer.accumulate_grad_batches={accumulate} with manual optimization"
+            f" ({model}.automatic_optimization is False): Lightning accumulates only the"
+            f" steps it takes; accumulate in training_step (step the optimizers every"
+            f" {accumulate} batches) and leave accumulate_grad_batches at 1"
+        )
+    if trainer.get("strategy") == "ddp":
+        trainer["strategy"] = "ddp_find_unused_parameters_true"
+        rank_zero_info(
+            "ddp: manual optimization, so each backward may leave some parameters out:"
+            " DDP looks for them (strategy ddp_find_unused_parameters_true)"
         )
 
 
@@ -512,7 +530,11 @@ def run(args: list[str] | None, project: Project) -> int:
     """
     try:
         main(args, project)
-    except (CheckpointError, CheckpointSaveError, ConfigError) as error:
+    except (CheckpointError, ConfigError) as error:  # every rank refuses it: one line
+        if getattr(rank_zero_only, "rank", 0) == 0:
+            print(f"error: {error}", file=sys.stderr)
+        return 2
+    except CheckpointSaveError as error:  # a rank's own disk
         print(f"{_rank()}error: {error}", file=sys.stderr)
         return 2
     except RuntimeError as error:

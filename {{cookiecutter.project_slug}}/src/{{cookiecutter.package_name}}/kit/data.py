@@ -14,20 +14,30 @@ any LightningDataModule.
 
 import inspect
 import itertools
+import multiprocessing
+import multiprocessing.connection
+import operator
 import os
-from collections.abc import Callable, Sequence
+import random
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import (
     ConcatDataset,
     DataLoader,
     Dataset,
+    IterableDataset,
     RandomSampler,
     Subset,
     TensorDataset,
+    default_collate,
+    get_worker_info,
 )
 
 MAX_WORKERS = 8
@@ -103,22 +113,164 @@ def _as_sliced(batch):
     return batch
 
 
+# Random draws keyed by where they happen ---------------------------------------------
+
+_MASK = 2**64 - 1
+
+
+def mix(*parts: int) -> int:
+    """One 64-bit seed from integers, each folded in with SplitMix64's finaliser:
+    nearby inputs ((seed, epoch, 7) and (seed, epoch, 8)) give unrelated seeds."""
+    key = 0
+    for part in parts:
+        key = (key ^ part) + 0x9E3779B97F4A7C15 & _MASK
+        key = (key ^ (key >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
+        key = (key ^ (key >> 27)) * 0x94D049BB133111EB & _MASK
+        key ^= key >> 31
+    return key
+
+
+def seed_global_generators(key: int) -> None:
+    """Seed the generators a `__getitem__` or a `collate_fn` draws from: torch's (on the
+    CPU; a device's own generator is the model's), NumPy's and Python's."""
+    torch.default_generator.manual_seed(key)
+    np.random.seed(key >> 32)
+    random.seed(key)
+
+
+@contextmanager
+def global_generators_kept(keep: bool) -> Iterator[None]:
+    """With `keep`, the global generators' states are as they were after the block: the
+    training process's own draws (dropout) do not depend on the data it read."""
+    if not keep:
+        yield
+        return
+    states = torch.default_generator.get_state(), np.random.get_state(), random.getstate()
+    try:
+        yield
+    finally:
+        torch.default_generator.set_state(states[0])
+        np.random.set_state(states[1])
+        random.setstate(states[2])
+
+
+class KeyedBatch(list):
+    """A batch's sample indices, with the key its random draws are seeded from: the
+    loader's seed and the epoch (`key`), and the batch's number in the epoch."""
+
+    def __init__(self, indices: Sequence[int], key: int, number: int) -> None:
+        super().__init__(indices)
+        self.key, self.number = key, number
+
+
+class SeededSamples(Dataset):
+    """A map-style dataset whose samples draw the same random numbers wherever they are read.
+
+    Before each sample of a `KeyedBatch` is read, torch's, NumPy's and Python's
+    global generators are seeded from (seed, epoch, sample index); before the
+    batch is collated, from (seed, epoch, batch number). So a random flip or crop
+    in `__getitem__` (as torchvision's transforms draw them) depends on the
+    sample and the epoch alone: not on the worker that reads it, how many
+    workers there are, or where a run was resumed. In the training process
+    (no workers) the generators are put back after each batch. Anything else is
+    the wrapped dataset's: its attributes, its length, `self.dataset`.
+    """
+
+    def __init__(self, dataset: Dataset, collate_fn: Callable[[list[Any]], Any]) -> None:
+        self.dataset, self.collate_fn = dataset, collate_fn
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.dataset[index]
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("dataset", "collate_fn"):  # unpickling
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+    def __getitems__(self, batch: Sequence[Any]) -> Any:
+        key, number = getattr(batch, "key", None), getattr(batch, "number", 0)
+        if key is None:  # indices from elsewhere: read as a DataLoader would
+            return self.collate_fn([self.dataset[index] for index in batch])
+        with global_generators_kept(get_worker_info() is None):
+            read_whole = getattr(self.dataset, "__getitems__", None)
+            if read_whole:  # the dataset reads a batch at once: seeded by the batch
+                seed_global_generators(mix(key, 1, number))
+                samples = read_whole(list(batch))
+            else:
+                samples = []
+                for position, index in enumerate(batch):
+                    try:
+                        where = (0, operator.index(index))
+                    except TypeError:  # a sampler's own keys, not numbers: the sample's place
+                        where = (3, number, position)
+                    seed_global_generators(mix(key, *where))
+                    samples.append(self.dataset[index])
+            seed_global_generators(mix(key, 2, number))
+            return self.collate_fn(samples)
+
+
+class WorkersDieWithTheirProcess:
+    """A DataLoader's `worker_init_fn` that ends each worker as soon as the process that
+    reads it dies, then calls the user's own `then`.
+
+    A worker outlives a SIGKILLed training process: forked, until torch's watchdog
+    notices, seconds later; started by a fork server (Python 3.14's default on
+    Linux), for good, since the server waits for every worker to end first. Each
+    worker here waits on its parent's sentinel in a thread of its own.
+    """
+
+    def __init__(self, then: Callable[[int], Any] | None = None) -> None:
+        self.then = then
+
+    def __call__(self, worker_id: int) -> None:
+        import threading
+
+        parent = multiprocessing.parent_process()
+        if parent is not None:
+            threading.Thread(target=_end_with, args=(parent.sentinel,), daemon=True).start()
+        if self.then is not None:
+            self.then(worker_id)
+
+
+def _end_with(sentinel: int) -> None:
+    multiprocessing.connection.wait([sentinel])  # ready once the parent is gone
+    os._exit(1)
+
+
 class _Skipping:
-    """A loader's (batch) sampler whose iteration skips the loader's `_skip` first items.
+    """A loader's (batch) sampler whose iteration skips the loader's `_skip` first items,
+    and gives each batch its key when the loader seeds its samples.
 
     One object per loader, asked for its indices at each iteration: torch's
     iterators keep the index sampler they were made with (persistent workers
-    reuse theirs every epoch), so the skip is read when the epoch starts.
+    reuse theirs every epoch), so the skip and the epoch are read when the epoch starts.
     """
 
     def __init__(self, loader: "ResumableLoader") -> None:
-        self.loader = loader
+        # Weakly: the loader's iterator holds this object, and a loader held back by its
+        # own iterator is freed by the garbage collector, whose order leaves persistent
+        # workers 5 s each to find out they are done.
+        self.loader = weakref.proxy(loader)
 
     def _sampler(self) -> Any:
         return DataLoader._index_sampler.fget(self.loader)
 
     def __iter__(self):
-        return itertools.islice(iter(self._sampler()), self.loader._skip, None)
+        loader = self.loader
+        batches = itertools.islice(iter(self._sampler()), loader._skip, None)
+        if not isinstance(loader.dataset, SeededSamples):
+            return batches
+        # Under DDP each rank's batch of a number is another: its number counts them all.
+        ranks = getattr(loader.sampler, "num_replicas", 1)
+        rank = getattr(loader.sampler, "rank", 0)
+        key = mix(loader.seed, loader.epoch)
+        return (
+            KeyedBatch(batch, key, number * ranks + rank)
+            for number, batch in enumerate(batches, loader._skip)
+        )
 
     def __len__(self) -> int:
         return max(0, len(self._sampler()) - self.loader._skip)
@@ -126,7 +278,8 @@ class _Skipping:
 
 class ResumableLoader(DataLoader):
     """A DataLoader that a checkpoint taken mid-epoch resumes exactly: the same
-    order, from the next batch. A drop-in for `torch.utils.data.DataLoader`.
+    order, from the next batch, the same random augmentation. A drop-in for
+    `torch.utils.data.DataLoader`.
 
     Each epoch's order and the workers' seeds come from a generator of the
     loader's own, seeded from (`seed`, epoch): not from the global random state,
@@ -135,6 +288,13 @@ class ResumableLoader(DataLoader):
     (`state_dict`) is that seed, the epoch and the batches it trained; on
     resume the epoch's iteration skips those batches' indices (no data is read
     for them). A DistributedSampler gets the epoch before the order is drawn.
+
+    A dataset that reads per sample is read through `SeededSamples`: what
+    `__getitem__` draws from torch, NumPy or Python's `random` is seeded by (seed,
+    epoch, sample index), what `collate_fn` draws by (seed, epoch, batch number),
+    so a resumed run augments as the uninterrupted one did, with any number of
+    workers. `seed_samples=False` leaves the draws to each process's generators.
+    (Data in memory, `is_in_memory`, draws nothing and is read as it is.)
 
     Why not torchdata's StatefulDataLoader: it re-implements the DataLoader's
     iterators for each torch release, adds a dependency, does not cover the
@@ -147,8 +307,26 @@ class ResumableLoader(DataLoader):
     # the epoch an iteration belongs to and the batches trained are its counts.
     fit_loop: ClassVar[Any] = None
 
-    def __init__(self, dataset: Any, *args: Any, seed: int | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        dataset: Any,
+        *args: Any,
+        seed: int | None = None,
+        seed_samples: bool = True,
+        **kwargs: Any,
+    ) -> None:
         given = inspect.signature(DataLoader).bind(dataset, *args, **kwargs).arguments
+        if isinstance(dataset, SeededSamples):  # rebuilt from its own attributes (Lightning)
+            given["dataset"], given["collate_fn"] = dataset.dataset, dataset.collate_fn
+            dataset = dataset.dataset
+        if (
+            seed_samples
+            and given.get("batch_size", 1) is not None  # batches, not one sample at a time
+            and not isinstance(dataset, IterableDataset)
+            and not is_in_memory(dataset)
+        ):
+            collate = given.get("collate_fn") or default_collate
+            given["dataset"], given["collate_fn"] = SeededSamples(dataset, collate), _as_sliced
         order = torch.Generator()
         if given.get("shuffle") and given.get("sampler") is None:
             # The order's own generator: the workers' seed is drawn from the loader's
@@ -156,9 +334,13 @@ class ResumableLoader(DataLoader):
             given["sampler"], given["shuffle"] = RandomSampler(dataset, generator=order), None
         if given.get("generator") is None:
             given["generator"] = torch.Generator()
+        then = given.get("worker_init_fn")
+        if not isinstance(then, WorkersDieWithTheirProcess):
+            given["worker_init_fn"] = WorkersDieWithTheirProcess(then)
         super().__init__(**given)
         self._order = order
         self.seed = torch.initial_seed() if seed is None else seed
+        self.seed_samples = seed_samples
         self.epoch = -1  # the epoch of the current iteration
         self._loaded: tuple[int, int] | None = None  # (epoch, batches to skip) from a checkpoint
         self._skip = 0
@@ -366,6 +548,8 @@ class SplitDataModule(LightningDataModule):
     usual DataLoader path. With `folds` K above 1, train and val are pooled and
     cut into K folds (fixed by `split_seed`): val is fold `fold`, train the rest
     (`fold_splits`), so that K runs, one per fold, validate on every sample once.
+    Random draws in a dataset's `__getitem__` are seeded per sample and epoch
+    (`ResumableLoader`); `seed_samples` False leaves them to each process.
 
     After `setup`, a split of tensors (a TensorDataset, or a Subset of one, as
     `split_dataset` makes) is a `TensorDataset` whatever `on_device` says:
@@ -386,6 +570,7 @@ class SplitDataModule(LightningDataModule):
         on_device: bool | None = None,
         fold: int = 0,
         folds: int = 1,
+        seed_samples: bool = True,
     ):
         super().__init__()
         if batch_size < 1:
@@ -394,9 +579,8 @@ class SplitDataModule(LightningDataModule):
         self.save_hyperparameters()
         # What was passed here: a subclass need not pass every one on in its own __init__.
         self._given = dict(num_workers=num_workers, pin_memory=pin_memory, on_device=on_device)
-        self._given.update(
-            predict_split=predict_split, split_seed=split_seed, fold=fold, folds=folds
-        )
+        self._given.update(predict_split=predict_split, split_seed=split_seed, fold=fold)
+        self._given.update(folds=folds, seed_samples=seed_samples)
         self.batch_size = batch_size
         # Resolved in `setup`, once the data and the Trainer are known.
         self.loader_settings: LoaderSettings | None = None
@@ -477,6 +661,7 @@ class SplitDataModule(LightningDataModule):
             pin_memory=settings.pin_memory,
             persistent_workers=settings.persistent_workers,
             collate_fn=_as_sliced if sliced else self.collate_fn,
+            seed_samples=self.setting("seed_samples"),
         )
 
     def train_dataloader(self) -> DataLoader:

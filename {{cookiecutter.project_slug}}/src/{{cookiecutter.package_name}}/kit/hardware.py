@@ -10,13 +10,14 @@ will actually use, not the machine: `--trainer.accelerator cpu` on a GPU
 machine trains in float32.
 """
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
-from .spec import network_of
+from .spec import ConfigError, units_of
 
 
 def cuda_capabilities() -> tuple[bool, bool]:
@@ -66,10 +67,10 @@ def use_tensor_cores() -> None:
 class CompileNetwork(Callback):
     """`--compile.enabled true`: torch.compile the network, in place, before training.
 
-    The network (`Project.network`, which the CLI sets as `attribute`, or the
-    module's only child with weights), not the LightningModule: compiling the
-    whole module would trace Lightning's hooks and logging too, which Lightning's
-    docs advise against.
+    Each module the project wraps (`Project.wrap`, which the CLI sets as `wrap`; by
+    default each child of the LightningModule with weights), not the LightningModule:
+    compiling the whole module would trace Lightning's hooks and logging too, which
+    Lightning's docs advise against.
     `nn.Module.compile` keeps the module and its parameter names, so checkpoints
     and exports hold no `_orig_mod.` and load into an uncompiled network; under
     DDP the network is compiled before Lightning wraps it. The first steps are
@@ -86,25 +87,26 @@ class CompileNetwork(Callback):
     ) -> None:
         self.enabled = enabled
         self.mode = mode
-        self.attribute: str | None = None
+        self.wrap: Sequence[str] | None = None
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if not self.enabled:
             return
-        attribute, network = network_of(pl_module, self.attribute)
-        if not attribute:
-            raise ValueError(
-                f"compile.enabled: {type(pl_module).__name__} has several submodules with"
-                " weights; name the one to compile as Project.network in project.py"
+        units = units_of(pl_module, self.wrap)
+        if not units:
+            raise ConfigError(
+                f"compile.enabled: {type(pl_module).__name__} has no submodule with weights"
+                " to compile; name them as Project.wrap in project.py"
             )
         from .sharding import FSDP2Strategy, find_blocks
 
         if isinstance(trainer.strategy, FSDP2Strategy):
             # FSDP gathers each block's parameters before it runs: compiled whole, the
             # network would trace those collectives; torchtitan compiles per block too.
-            blocks = find_blocks(network, trainer.strategy.blocks) or [network]
+            blocks = find_blocks(units, trainer.strategy.blocks) or units
             for block in blocks:
                 block.compile(mode=self.mode)
             rank_zero_info(f"compile: each of {len(blocks)} blocks on its own, under FSDP")
             return
-        network.compile(mode=self.mode)
+        for unit in units:
+            unit.compile(mode=self.mode)

@@ -246,7 +246,8 @@ class TrainingHealth(Callback):
             peak = peak_flops(device, trainer.precision)
             mfu = flops_per_s / peak if peak else None
         return {
-            "steps": self.steps,
+            "batches": self.steps,
+            "optimizer_steps": trainer.global_step,
             "samples_per_s": round(self.samples * trainer.world_size / busy, 1) if busy else None,
             "data_wait_share": round(self.wait / busy, 3) if busy else None,
             "clock": "device" if self._device_clock else "host",
@@ -292,7 +293,12 @@ class TrainingHealth(Callback):
             parts.append(f"peak memory per device: {peaks}")
         if facts["effective_batch_size"]:
             parts.append(f"effective batch {facts['effective_batch_size']}")
-        parts.append(f"{facts['steps']} steps")
+        # Batches trained; optimizer steps too where they differ (several optimizers
+        # stepped by hand, or gradients accumulated).
+        counted = f"{facts['batches']} batches"
+        if facts["optimizer_steps"] != facts["batches"]:
+            counted += f", {facts['optimizer_steps']} optimizer steps"
+        parts.append(counted)
         title = "Training health: " if final else "Training health so far: "
         rank_zero_info(title + " | ".join(parts))
         if final and (facts["data_wait_share"] or 0) > self.data_wait_warn:

@@ -192,6 +192,23 @@ HINTS: tuple[Hint, ...] = (
         ),
     ),
     Hint(
+        symptom="parameters that were not used in producing the loss (DDP)",
+        pattern=r"parameters that were not used in producing the loss"
+        r"|Expected to have finished reduction in the prior iteration",
+        meaning="Under DDP, a step's backward left some parameters without a gradient,"
+        " and DDP waits for every gradient before it averages them.",
+        causes=(
+            "a layer that a step skips (a branch taken only sometimes, an unused head)",
+            "parameters frozen or detached for some steps and not for others",
+            "(manual optimization, a GAN's two networks: the kit already looks for them)",
+        ),
+        fixes=(
+            "`--trainer.strategy ddp_find_unused_parameters_true`: DDP then looks for the"
+            " parameters each backward leaves out (a little slower)",
+            "or remove the unused layers, or give them `requires_grad=False` for the whole run",
+        ),
+    ),
+    Hint(
         symptom="No module named 'torch.distributed'",
         pattern=r"No module named 'torch\.distributed'|torch\.distributed is not available",
         meaning="This torch build lacks torch.distributed, which DDP needs.",

@@ -31,13 +31,14 @@ to try). The arithmetic is in pure functions (`shard_numel`, `state_slots`,
 import copy
 import math
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from contextlib import nullcontext
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.modules.module import register_module_forward_pre_hook
 
 GIB = 1024**3
 # Modules built under `with META:` (a torch.device is a context manager) hold meta
@@ -366,19 +367,122 @@ def loss_of(output: Any) -> torch.Tensor:
     if isinstance(output, Mapping):
         output = output.get("loss")
     if not isinstance(output, torch.Tensor):
-        raise TypeError(
-            f"training_step returned {type(output).__name__}, not a loss tensor (manual"
-            " optimization calls backward itself, which needs a Trainer)"
-        )
+        raise TypeError(f"training_step returned {type(output).__name__}, not a loss tensor")
     return output
 
 
-def training_step(model: nn.Module, batch: Any) -> torch.Tensor:
-    """One step's loss: the LightningModule's training_step, else the forward summed."""
+def schedulers_in(config: Any) -> list[Any]:
+    """The schedulers a `configure_optimizers` result holds (next to `optimizers_in`)."""
+    if isinstance(config, Mapping):
+        found = config.get("lr_scheduler", config.get("scheduler"))
+        return schedulers_in(found) if isinstance(found, Mapping) else [found] if found else []
+    if isinstance(config, list | tuple):
+        return [found for item in config for found in schedulers_in(item)]
+    return [config] if hasattr(config, "step") and hasattr(config, "optimizer") else []
+
+
+@dataclass
+class Backward:
+    """One backward pass of a step: its loss and the gradients it left."""
+
+    loss: torch.Tensor
+    grads: list[torch.Tensor]
+
+
+def _one_or_all(items: list[Any]) -> Any:
+    """As LightningModule.optimizers() and lr_schedulers() return them."""
+    return items[0] if len(items) == 1 else (items or None)
+
+
+@contextmanager
+def own_optimizers(
+    model: nn.Module, backwards: list[Backward], toggle: bool = True
+) -> Iterator[None]:
+    """What a manual training_step asks of its Trainer, answered by the module itself:
+    `optimizers()` and `lr_schedulers()` from its own configure_optimizers,
+    `manual_backward` a plain backward (noted in `backwards`), and the toggling of
+    the other optimizers' parameters as Lightning does it (unless `toggle` is False).
+    Instance attributes for the length of the block."""
+    config = model.configure_optimizers()  # type: ignore[operator]
+    optimizers, schedulers = optimizers_in(config), schedulers_in(config)
+    frozen: dict[torch.Tensor, bool] = {}  # what toggling changed, as it was
+
+    def params(optimizer: Any) -> list[torch.Tensor]:
+        optimizer = getattr(optimizer, "optimizer", optimizer)  # a LightningOptimizer's own
+        return [p for group in optimizer.param_groups for p in group["params"]]
+
+    def toggled_on(optimizer: Any) -> None:
+        if not toggle:
+            return
+        own = {id(p) for p in params(optimizer)}
+        for other in optimizers:
+            for p in params(other):
+                if id(p) not in own and p not in frozen:
+                    frozen[p], p.requires_grad = p.requires_grad, False
+
+    def untoggle(optimizer: Any = None) -> None:
+        for p, flag in frozen.items():
+            p.requires_grad = flag
+        frozen.clear()
+
+    @contextmanager
+    def toggled(optimizer: Any) -> Iterator[None]:
+        toggled_on(optimizer)
+        try:
+            yield
+        finally:
+            untoggle()
+
+    def manual_backward(loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        loss.backward(*args, **kwargs)
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        backwards.append(Backward(loss.detach(), grads))
+
+    stand_ins = {
+        "optimizers": lambda use_pl_optimizer=True: _one_or_all(optimizers),
+        "lr_schedulers": lambda: _one_or_all(schedulers),
+        "manual_backward": manual_backward,
+        "toggle_optimizer": toggled_on,
+        "untoggle_optimizer": untoggle,
+        "toggled_optimizer": toggled,
+    }
+    vars(model).update(stand_ins)
+    try:
+        yield
+    finally:
+        untoggle()
+        for name in stand_ins:
+            vars(model).pop(name, None)
+
+
+def training_step(model: nn.Module, batch: Any, toggle: bool = True) -> list[Backward]:
+    """One training step of `batch` as Lightning runs it, with no Trainer: the loss
+    `training_step` returns, and its backward; with manual optimization
+    (`automatic_optimization` False), `training_step` alone, the module's own
+    optimizers in its hands (`own_optimizers`). A module without a training_step:
+    its forward, summed. Returns each backward's loss and gradients."""
+    backwards: list[Backward] = []
+    if getattr(model, "automatic_optimization", True) is False:
+        with own_optimizers(model, backwards, toggle):
+            model.training_step(batch, 0)  # type: ignore[operator]
+        if not backwards:
+            raise TypeError("training_step with manual optimization called no manual_backward")
+        return backwards
     if hasattr(model, "training_step"):
-        return loss_of(model.training_step(batch, 0))
-    args = batch if isinstance(batch, tuple | list) else (batch,)
-    return model(*args).float().sum()
+        loss = loss_of(model.training_step(batch, 0))
+    else:
+        args = batch if isinstance(batch, tuple | list) else (batch,)
+        loss = model(*args).float().sum()
+    loss.backward()
+    grads = [p.grad for p in model.parameters() if p.requires_grad and p.grad is not None]
+    return [Backward(loss.detach(), grads)]
+
+
+def measured_step(model: nn.Module, batch: Any) -> list[Backward]:
+    """`training_step` as the memory measure runs it: MemTracker hooks the gradient of
+    every parameter, which one that a manual step toggled off refuses, so nothing is
+    toggled (the backward differs by those weights' own gradients, not counted here)."""
+    return training_step(model, batch, toggle=False)
 
 
 def _tracked_peak(model: nn.Module, batch: Any, step: Callable, autocast: torch.dtype | None):
@@ -389,12 +493,23 @@ def _tracked_peak(model: nn.Module, batch: Any, step: Callable, autocast: torch.
     model.train()
     tracker = MemTracker()
     tracker.track_external(model, *_tensors(batch))
+
+    def called_again(module: nn.Module, args: Any) -> None:
+        # MemTracker refuses a module called twice in a step (a GAN's discriminator, on
+        # real and generated samples) unless its per-module figures are cleared; the
+        # step's peak, which is all that is read here, is kept.
+        if module in tracker.memory_tracking:
+            tracker.reset_mod_stats()
+
     context = torch.autocast("cpu", dtype=autocast) if autocast else nullcontext()
-    with warnings.catch_warnings(), tracker:
-        warnings.simplefilter("ignore")  # self.log without a Trainer, and the like
-        with context:
-            loss = step(model, batch)
-        loss.backward()
+    hook = register_module_forward_pre_hook(called_again)  # before the tracker's own
+    try:
+        with warnings.catch_warnings(), tracker:
+            warnings.simplefilter("ignore")  # self.log without a Trainer, and the like
+            with context:
+                step(model, batch)  # and its backward passes
+    finally:
+        hook.remove()
     snapshot = tracker.get_tracker_snapshot("peak")
     kinds = (_MemRefType.ACT, _MemRefType.TEMP, _MemRefType.OTH)  # OTH: the batch
     return sum(device.get(kind, 0) for device in snapshot.values() for kind in kinds)
@@ -423,7 +538,7 @@ def measure_activations(
     batch: Any,
     batch_size: int,
     precision: str = "32-true",
-    step: Callable[[nn.Module, Any], torch.Tensor] = training_step,
+    step: Callable[[nn.Module, Any], Any] = measured_step,
 ) -> Activations:
     """The activation peak of one training step of `batch` (`batch_size` samples):
     on fake tensors first (torch's FakeTensorMode: shapes only, no memory, no
@@ -643,9 +758,9 @@ def format_plan(p: Plan) -> str:
         ("activations", p.ddp.activations, p.fsdp.activations, f"({p.method})"),
         ("total", p.ddp.total, p.fsdp.total, ""),
     ]
-    lines = [header, f"{'':18}{'DDP':>12}{'FSDP':>12}"]
+    lines = [header, f"{'':18}{'DDP':>14}{'FSDP':>14}"]  # wide enough for "not measured"
     for name, ddp, fsdp, note in rows:
-        lines.append(f"{name:18}{human(ddp):>12}{human(fsdp):>12}   {note}".rstrip())
+        lines.append(f"{name:18}{human(ddp):>14}{human(fsdp):>14}   {note}".rstrip())
     lines += [f"note: {note}" for note in p.notes]
     lines += [
         p.counted,

@@ -8,8 +8,10 @@ the loops' counters and each callback's state. `ResumeState` adds the rest:
 - the position of the training DataLoader, through Lightning's own support for
   stateful loaders (a loader with `state_dict`/`load_state_dict` is saved in
   the checkpoint): the kit's `ResumableLoader` resumes its epoch at the next
-  batch of the same order. ResumeState lends it the fit's loop for the length
-  of a fit, whose counts of epochs and batches trained are the ones to resume.
+  batch of the same order, each sample drawing the same random augmentation
+  (its draws are seeded by the sample and the epoch). ResumeState lends it the
+  fit's loop for the length of a fit, whose counts of epochs and batches
+  trained are the ones to resume.
 
 With `seed_everything` on the CPU, an interrupted and resumed run then ends
 with the same weights as an uninterrupted one, bit for bit. Where that cannot
@@ -27,7 +29,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
 from .callbacks import train_loaders
-from .data import ResumableLoader
+from .data import ResumableLoader, is_in_memory
 from .internals import loader_states_unused, restart_train_iteration
 
 
@@ -137,6 +139,13 @@ class ResumeState(Callback):
                     f"the training {type(loader).__name__} keeps no position: a resumed epoch"
                     " starts again in a new order; return a kit.data.ResumableLoader (a"
                     " drop-in DataLoader) from train_dataloader() to continue it exactly"
+                )
+            elif getattr(loader, "seed_samples", True) is False and not is_in_memory(
+                loader.dataset
+            ):
+                lines.append(
+                    "the training data is read with seed_samples off: random augmentation in"
+                    " its __getitem__ draws other numbers than an uninterrupted run's"
                 )
         on_cuda = trainer.strategy.root_device.type == "cuda"
         if on_cuda and not torch.are_deterministic_algorithms_enabled():

@@ -4,9 +4,10 @@
 ModelParallelStrategy with this subclass, which shards the project's network
 itself, so the LightningModule needs no `configure_model`:
 
-- each block is sharded on its own, then each of the network's other children
-  with weights (so a LightningModule may call them one by one), then the network
-  as the root: the blocks
+- each block is sharded on its own, then the other children with weights of the
+  modules it wraps (so a LightningModule may call them one by one), then each of
+  those modules: they are `Project.wrap`, by default every child of the
+  LightningModule with weights (a GAN's generator and discriminator); the blocks
   are `Project.shard_blocks` (or `--fsdp.blocks`: class names or module paths
   with `*`), by default every repeated block (the transformer layers, say);
 - on CUDA under bf16 precision the parameters are gathered in bf16 and the
@@ -46,7 +47,7 @@ from .checkpoints import (
 )
 from .internals import DCP_METADATA, dcp_load_full, dcp_save
 from .runs import is_first_process
-from .spec import network_of
+from .spec import ConfigError, units_of
 
 CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 
@@ -96,14 +97,17 @@ def consolidated(folder: Path) -> Path:
     return target
 
 
-def find_blocks(network: nn.Module, names: Sequence[str] | None = None) -> list[nn.Module]:
-    """The submodules to shard one by one, outermost first.
+def find_blocks(units: Sequence[nn.Module], names: Sequence[str] | None = None) -> list[nn.Module]:
+    """The submodules of `units` (the modules FSDP wraps) to shard one by one, outermost first.
 
-    `names`: class names or module paths (fnmatch patterns such as "layers.*"); each
-    must match something. None: every module whose class has several instances with
-    weights (repeated blocks), outside the containers and inside no other such block.
+    `names`: class names or module paths from a unit (fnmatch patterns such as
+    "layers.*"); each must match something. None: in each unit, every module whose
+    class it holds several instances of with weights (repeated blocks), outside the
+    containers and inside no other such block.
     """
-    modules = [(name, module) for name, module in network.named_modules() if name]
+    if not names and len(units) != 1:
+        return [block for unit in units for block in find_blocks([unit])]
+    modules = [(name, m) for unit in units for name, m in unit.named_modules() if name]
     if names:
         chosen = []
         for entry in names:
@@ -114,8 +118,9 @@ def find_blocks(network: nn.Module, names: Sequence[str] | None = None) -> list[
             ]
             if not matched:
                 classes = sorted({type(m).__name__ for _, m in modules if _has_weights(m)})
-                raise ValueError(
-                    f"fsdp.blocks: {entry!r} matches no module of {type(network).__name__}"
+                raise ConfigError(
+                    f"fsdp.blocks: {entry!r} matches no module of"
+                    f" {', '.join(type(unit).__name__ for unit in units)}"
                     f" (its classes with weights: {', '.join(classes) or 'none'})"
                 )
             chosen += matched
@@ -142,12 +147,12 @@ def _is_block(module: nn.Module) -> bool:
 
 
 def _outermost(named: Iterable[tuple[str, nn.Module]]) -> list[nn.Module]:
-    chosen: list[tuple[str, nn.Module]] = []
-    for name, module in sorted(named, key=lambda item: item[0].count(".")):
-        inside = any(name.startswith(outer + ".") for outer, _ in chosen)
-        if not inside and all(module is not other for _, other in chosen):
-            chosen.append((name, module))
-    return [module for _, module in chosen]
+    chosen: list[nn.Module] = []
+    for _, module in sorted(named, key=lambda item: item[0].count(".")):
+        inside = any(module is inner for outer in chosen for inner in outer.modules())
+        if not inside:
+            chosen.append(module)
+    return chosen
 
 
 def find_parts(network: nn.Module, blocks: Sequence[nn.Module]) -> list[nn.Module]:
@@ -192,16 +197,22 @@ class FSDP2Strategy(ModelParallelStrategy):
     leave half-written.
     """
 
-    def __init__(self, options: FSDPOptions | None = None, network: str | None = None, **kwargs):
+    def __init__(
+        self,
+        options: FSDPOptions | None = None,
+        wrap: Sequence[str] | None = None,
+        blocks: Sequence[str] | None = None,
+        **kwargs,
+    ):
         options = options or FSDPOptions(enabled=True)
         if options.tensor_parallel_size != 1:
-            raise ValueError(
+            raise ConfigError(
                 f"fsdp.tensor_parallel_size={options.tensor_parallel_size}: the kit shards"
                 " over data-parallel ranks only (1); for tensor parallelism write"
                 " configure_model with Lightning's ModelParallelStrategy yourself"
             )
         if options.data_parallel_size is not None and options.data_parallel_size < 1:
-            raise ValueError(
+            raise ConfigError(
                 f"fsdp.data_parallel_size={options.data_parallel_size}: must be 1 or more"
             )
         super().__init__(
@@ -211,8 +222,8 @@ class FSDP2Strategy(ModelParallelStrategy):
             **kwargs,
         )
         self.options = options
-        self.network = network  # Project.network
-        self.blocks = options.blocks  # the CLI puts Project.shard_blocks here when not given
+        self.wrap = wrap  # Project.wrap
+        self.blocks = options.blocks if options.blocks is not None else blocks  # or the project's
         self.sharded_blocks = 0
 
     def setup_environment(self) -> None:
@@ -241,7 +252,7 @@ class FSDP2Strategy(ModelParallelStrategy):
         """bf16 parameters, fp32 gradient reduction on CUDA under bf16; else None."""
         precision = str(getattr(self.precision_plugin, "precision", "32-true"))
         if precision.startswith("16") and self.root_device.type == "cuda":
-            raise ValueError(
+            raise ConfigError(
                 f"trainer.precision={precision} with FSDP: fp16 needs a sharded gradient"
                 " scaler the kit does not set up; use bf16-mixed (Ampere or newer) or 32-true"
             )
@@ -252,22 +263,20 @@ class FSDP2Strategy(ModelParallelStrategy):
         return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 
     def shard(self, module: nn.Module) -> None:
-        """fully_shard each block of the project's network, its other parts, then the network."""
+        """fully_shard the blocks of the modules FSDP wraps (`Project.wrap`), their other
+        parts, then each of those modules."""
         from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, fully_shard
 
-        attribute, network = network_of(module, self.network)
-        if isinstance(network, FSDPModule):
+        units = units_of(module, self.wrap)
+        if any(isinstance(unit, FSDPModule) for unit in units):
             return  # sharded by an earlier stage of this Trainer
-        outside = [
-            name
-            for name, parameter in module.named_parameters()
-            if not any(parameter is own for own in network.parameters())
-        ]
+        held = {id(p) for unit in units for p in unit.parameters()}
+        outside = [name for name, p in module.named_parameters() if id(p) not in held]
         if outside:
-            raise ValueError(
-                f"fsdp: {type(module).__name__} has weights outside its network"
-                f" '{attribute}' ({', '.join(outside[:3])}); name the module that holds"
-                " them all as Project.network in project.py"
+            raise ConfigError(
+                f"fsdp: {type(module).__name__} has weights outside the modules it shards"
+                f" ({', '.join(outside[:3])}): keep them in submodules, or name the"
+                " submodules that hold every weight as Project.wrap in project.py"
             )
         options = self.options
         kwargs: dict[str, Any] = {
@@ -282,20 +291,22 @@ class FSDP2Strategy(ModelParallelStrategy):
                 kwargs["offload_policy"] = CPUOffloadPolicy()
             else:
                 rank_zero_info("fsdp.cpu_offload: ignored, the parameters are on the CPU already")
-        blocks = find_blocks(network, self.blocks)
+        blocks = find_blocks(units, self.blocks)
         for block in blocks:
             if options.activation_checkpointing:
                 checkpoint_activations(block)
             fully_shard(block, **kwargs)
-        parts = find_parts(network, blocks)
+        parts = [part for unit in units for part in find_parts(unit, blocks)]
         for part in parts:
             fully_shard(part, **kwargs)
-        fully_shard(network, **kwargs)
+        for unit in units:
+            fully_shard(unit, **kwargs)
         self.sharded_blocks = len(blocks)
         what = f"{len(blocks)} {type(blocks[0]).__name__} blocks, " if blocks else ""
         what += f"{len(parts)} other parts and " if parts else ""
+        names = ", ".join(type(unit).__name__ for unit in units)
         rank_zero_info(
-            f"fsdp: sharded {what}the network over {kwargs['mesh'].size()} ranks"
+            f"fsdp: sharded {what}{names} over {kwargs['mesh'].size()} ranks"
             + (" (bf16 parameters, fp32 reduction)" if policy is not None else "")
             + (", activations recomputed per block" if options.activation_checkpointing else "")
         )
@@ -394,11 +405,3 @@ def _os_error_in(error: BaseException) -> OSError | None:
             for value in failures.values():
                 pending.append(value[0] if isinstance(value, tuple) else value)
     return None
-
-
-def sharded_strategy(options: FSDPOptions, network: str | None, blocks: Sequence[str] | None):
-    """The strategy `--fsdp.enabled true` runs (the CLI builds it)."""
-    strategy = FSDP2Strategy(options, network=network)
-    if options.blocks is None and blocks:
-        strategy.blocks = list(blocks)
-    return strategy

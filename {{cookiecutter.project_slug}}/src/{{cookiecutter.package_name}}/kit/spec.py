@@ -8,7 +8,7 @@ a model and a DataModule are all a project must give.
 
 import importlib.metadata
 import importlib.util
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -19,6 +19,11 @@ if TYPE_CHECKING:  # torch is imported where a network is looked for, not with t
 # The dynamic dimensions of an export when the project names none: the first
 # (the batch) of every input.
 BATCH_ONLY: Mapping[int, str] = {0: "batch"}
+
+
+class ConfigError(ValueError):
+    """A value that the project, a config or a flag gives and the kit refuses; the message
+    names the value and the rule (the command prints it in one line, exit code 2)."""
 
 
 @dataclass(frozen=True)
@@ -39,9 +44,9 @@ class Project:
     """Which way `monitor` is better."""
 
     network: str | None = None
-    """The attribute of the LightningModule that holds the network to compile and export
-    ("net", "model.encoder"). None: its only child module with weights, else the whole
-    module."""
+    """The attribute of the LightningModule that holds the network `export` writes
+    ("net", "model.encoder", "generator"). None: its only child module with weights,
+    else the whole module."""
 
     network_inputs: Callable[[Any], tuple] | None = None
     """What the network takes, from one batch (a module-level function, so that it
@@ -51,9 +56,14 @@ class Project:
     """The dimensions an export leaves free, the same for every input, by position:
     `{0: "batch", 1: "length"}` for sequences. None: the batch alone."""
 
+    wrap: tuple[str, ...] | None = None
+    """What FSDP (configs/fsdp.yaml) shards and `--compile.enabled` compiles, each on its
+    own: attributes of the LightningModule ("generator", "discriminator"); together they
+    hold every weight. None: each of its children with weights."""
+
     shard_blocks: tuple[str, ...] | None = None
-    """What FSDP (configs/fsdp.yaml) shards one by one: class names ("TransformerBlock") or
-    module paths ("layers.*") of the network. None: every block the network repeats."""
+    """What FSDP shards one by one inside those: class names ("TransformerBlock") or module
+    paths ("layers.*", from the module that holds them). None: every block they repeat."""
 
     prediction_columns: Callable[[Any], Mapping[str, Any]] | None = None
     """`predict`'s CSV columns, from one batch of `predict_step` outputs. None: the
@@ -92,6 +102,31 @@ class Project:
         return self.dynamic_dims if self.dynamic_dims is not None else BATCH_ONLY
 
 
+def units_of(module: "nn.Module", wrap: Sequence[str] | None = None) -> list["nn.Module"]:
+    """The submodules FSDP shards and compile compiles, each on its own (`Project.wrap`):
+    the attributes it names, else each child with weights."""
+    if wrap:
+        return [submodule(module, attribute, "wrap") for attribute in wrap]
+    return [child for child in module.children() if any(True for _ in child.parameters())]
+
+
+def submodule(module: "nn.Module", attribute: str, field: str) -> "nn.Module":
+    """The submodule at `attribute` ("model.encoder"), which `Project.<field>` names; a
+    ConfigError lists the module's own submodules when there is none there."""
+    from torch import nn
+
+    found: Any = module
+    for part in attribute.split("."):
+        found = getattr(found, part, None)
+    if not isinstance(found, nn.Module):
+        children = ", ".join(name for name, _ in module.named_children()) or "none"
+        raise ConfigError(
+            f"Project.{field}={attribute!r} is not a submodule of {type(module).__name__}"
+            f" (its submodules: {children})"
+        )
+    return found
+
+
 def command_of(package: str) -> str:
     """The console script that runs `package`'s `__main__`, from the installed metadata;
     else `python -m package`."""
@@ -114,17 +149,7 @@ def network_of(module: "nn.Module", attribute: str | None = None) -> tuple[str, 
     the module's only child with weights ("" and the module itself when there are
     several). torch.compile's wrapper is looked through."""
     if attribute:
-        network: Any = module
-        for part in attribute.split("."):
-            network = getattr(network, part, None)
-        from torch import nn
-
-        if not isinstance(network, nn.Module):
-            children = ", ".join(name for name, _ in module.named_children()) or "none"
-            raise ValueError(
-                f"Project.network={attribute!r} is not a submodule of"
-                f" {type(module).__name__} (its submodules: {children})"
-            )
+        network = submodule(module, attribute, "network")
         return attribute, getattr(network, "_orig_mod", network)
     weighted = [
         (name, child)
