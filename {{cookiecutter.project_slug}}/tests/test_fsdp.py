@@ -24,6 +24,7 @@ from support import (
     run_dirs,
     shared,
 )
+from support.models import TwoNetworks
 from support.processes import killed_together
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -135,37 +136,6 @@ def test_the_projects_network_has_blocks_or_is_sharded_whole():
     blocks = find_blocks(units, PROJECT.shard_blocks)
     inside = [module for unit in units for module in unit.modules()]
     assert all(any(block is module for module in inside) for block in blocks)
-
-
-class TwoNetworks(LightningModule):
-    """A GAN's shape: two networks, two optimizers, stepped by hand, each backward
-    leaving the other network's weights out."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.automatic_optimization = False
-        self.generator = nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 2))
-        self.critic = nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 1))
-
-    def training_step(self, batch, batch_idx):
-        generator, critic = self.optimizers()
-        fake = self.generator(batch[0])
-        self.toggle_optimizer(generator)
-        self.manual_backward(-self.critic(fake).mean())
-        generator.step()
-        generator.zero_grad()
-        self.untoggle_optimizer(generator)
-        self.toggle_optimizer(critic)
-        self.manual_backward(self.critic(fake.detach()).mean() - self.critic(batch[0]).mean())
-        critic.step()
-        critic.zero_grad()
-        self.untoggle_optimizer(critic)
-
-    def configure_optimizers(self):
-        return [
-            torch.optim.SGD(self.generator.parameters(), lr=0.1),
-            torch.optim.SGD(self.critic.parameters(), lr=0.1),
-        ]
 
 
 def test_fsdp_wraps_every_network_of_the_module_whatever_export_writes(tmp_path):

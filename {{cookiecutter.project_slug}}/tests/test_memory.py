@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from support import PROJECT
+from support.models import TwoNetworks
 from torch import nn
 
 from {{ cookiecutter.package_name }}.kit import doctor, memory
@@ -239,6 +240,13 @@ def test_fake_tensors_measure_what_a_real_step_allocates(monkeypatch):
     assert "fake tensors failed: RuntimeError" in scaled.method
     small = memory._real_peak(model, (batch[0][:tiny],), memory.training_step, None, None)
     assert scaled.bytes == small * 64 // tiny
+
+
+def test_a_step_that_optimizes_by_hand_and_calls_a_network_twice_is_measured():
+    with torch.device("meta"):
+        model = TwoNetworks()
+    measured = memory.measure_activations(model, (torch.randn(64, 2),), 64)
+    assert measured.method == "peak of one step, fake tensors" and measured.bytes > 0
 
 
 def test_the_projects_step_is_measured():

@@ -12,6 +12,7 @@ import pytest
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from support import SRC, configured, first_batch
+from support.models import TwoNetworks
 from torch import nn
 
 from {{ cookiecutter.package_name }}.kit.memory import training_step
@@ -83,6 +84,19 @@ def test_meta_check_catches_a_tensor_made_on_the_cpu(model_and_batch):
     model, batch = model_and_batch
     with pytest.raises(RuntimeError, match="device"):
         training_step_on_meta(made_on_the_cpu(model), batch)
+
+
+def test_a_step_that_optimizes_by_hand_runs_on_meta_with_its_own_optimizers():
+    """Manual optimization (a GAN): the step calls self.optimizers(), toggles them and
+    calls manual_backward, with no Trainer; both backward passes stay on meta."""
+    batch = (torch.randn(4, 2),)
+    training_step_on_meta(TwoNetworks(), batch)
+    with pytest.raises(RuntimeError, match="device"):
+        training_step_on_meta(made_on_the_cpu(TwoNetworks()), batch)
+    # Toggled as Lightning does it: each backward reaches its own network's 4 tensors only.
+    model = TwoNetworks()
+    assert [len(b.grads) for b in training_step(model, batch)] == [4, 4]
+    assert all(p.requires_grad for p in model.parameters())  # and toggled back
 
 
 def test_no_hard_coded_devices_in_the_source():

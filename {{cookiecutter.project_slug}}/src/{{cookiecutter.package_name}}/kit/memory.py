@@ -38,7 +38,10 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.modules.module import register_module_forward_pre_hook
+from torch.nn.modules.module import (
+    register_module_forward_hook,
+    register_module_forward_pre_hook,
+)
 
 GIB = 1024**3
 # Modules built under `with META:` (a torch.device is a context manager) hold meta
@@ -405,7 +408,7 @@ def own_optimizers(
     Instance attributes for the length of the block."""
     config = model.configure_optimizers()  # type: ignore[operator]
     optimizers, schedulers = optimizers_in(config), schedulers_in(config)
-    frozen: dict[torch.Tensor, bool] = {}  # what toggling changed, as it was
+    frozen: dict[int, tuple[torch.Tensor, bool]] = {}  # what toggling changed, as it was
 
     def params(optimizer: Any) -> list[torch.Tensor]:
         optimizer = getattr(optimizer, "optimizer", optimizer)  # a LightningOptimizer's own
@@ -417,11 +420,12 @@ def own_optimizers(
         own = {id(p) for p in params(optimizer)}
         for other in optimizers:
             for p in params(other):
-                if id(p) not in own and p not in frozen:
-                    frozen[p], p.requires_grad = p.requires_grad, False
+                if id(p) not in own and id(p) not in frozen:
+                    frozen[id(p)] = (p, p.requires_grad)
+                    p.requires_grad = False
 
     def untoggle(optimizer: Any = None) -> None:
-        for p, flag in frozen.items():
+        for p, flag in frozen.values():
             p.requires_grad = flag
         frozen.clear()
 
@@ -494,22 +498,33 @@ def _tracked_peak(model: nn.Module, batch: Any, step: Callable, autocast: torch.
     tracker = MemTracker()
     tracker.track_external(model, *_tensors(batch))
 
-    def called_again(module: nn.Module, args: Any) -> None:
-        # MemTracker refuses a module called twice in a step (a GAN's discriminator, on
-        # real and generated samples) unless its per-module figures are cleared; the
-        # step's peak, which is all that is read here, is kept.
-        if module in tracker.memory_tracking:
+    # MemTracker refuses a module called again outside any other module's forward (a
+    # GAN's discriminator, on real then generated samples, straight from the step)
+    # unless its per-module figures are cleared first; the step's peak, all that is
+    # read here, is kept. `depth` counts the forwards running.
+    depth = [0]
+
+    def entered(module: nn.Module, args: Any) -> None:
+        if depth[0] == 0 and module in tracker.memory_tracking:
             tracker.reset_mod_stats()
+        depth[0] += 1
+
+    def left(module: nn.Module, args: Any, output: Any) -> None:
+        depth[0] -= 1
 
     context = torch.autocast("cpu", dtype=autocast) if autocast else nullcontext()
-    hook = register_module_forward_pre_hook(called_again)  # before the tracker's own
+    hooks = (  # before the tracker's own
+        register_module_forward_pre_hook(entered),
+        register_module_forward_hook(left, always_call=True),
+    )
     try:
         with warnings.catch_warnings(), tracker:
             warnings.simplefilter("ignore")  # self.log without a Trainer, and the like
             with context:
                 step(model, batch)  # and its backward passes
     finally:
-        hook.remove()
+        for hook in hooks:
+            hook.remove()
     snapshot = tracker.get_tracker_snapshot("peak")
     kinds = (_MemRefType.ACT, _MemRefType.TEMP, _MemRefType.OTH)  # OTH: the batch
     return sum(device.get(kind, 0) for device in snapshot.values() for kind in kinds)
