@@ -93,7 +93,7 @@ def expected_files(package: str, answers: dict) -> set[str]:
         " test_gpu test_hardware test_health test_hints test_imports test_internals test_model"
         " test_peaks test_repeat test_resume test_runs test_sweep test_syncs"
     )
-    support = "__init__ batches fits processes project readers"
+    support = "__init__ batches fits models processes project readers"
     configs = "accumulate ddp debug default fsdp gpu profile sweep"
     files = {
         ".gitignore",
