@@ -11,9 +11,31 @@ from cookiecutter.main import cookiecutter
 TEMPLATE = Path(__file__).resolve().parents[1]
 
 
+# The longest tests, longest first (each runs a rendered project's suite): they start
+# before the rest, so that no worker is left running one of them alone at the end.
+LONGEST = (
+    "suite[digits-tensorboard-every-option]",
+    "test_the_wheelhouse_installs",
+    "problem[images]",
+    "suite[minimal-csv",
+    "test_every_command_of_the_rendered_readme",
+    "problem[transformer]",
+    "problem[text]",
+    "problem[gan]",
+    "problem[tabular]",
+    "suite[digits-mlflow]",
+    "suite[digits-wandb]",
+)
+
+
+def longest_first(item) -> int:
+    return next((n for n, name in enumerate(LONGEST) if name in item.nodeid), len(LONGEST))
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 
+    items.sort(key=longest_first)  # stable: the rest keep their order
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device; torch.cuda.is_available() is False")

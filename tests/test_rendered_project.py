@@ -67,8 +67,10 @@ SUITES = {
 def test_rendered_project_passes_its_own_test_suite(tmp_path, suite, answers, quick, slow):
     project = render(tmp_path, **answers)
     env = env_without_mlflow_uri()
-    # One process each: this suite's own workers already run the renders side by side.
-    pytest_ = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0"]
+    # One process each, but two for the whole suite: its tests wait on subprocesses,
+    # signals and timeouts, and this suite's other worker runs the rest meanwhile.
+    workers = "2" if quick is None else "0"
+    pytest_ = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", workers]
     runs = [pytest_]
     if slow:
         runs = [[*pytest_, "-m", "not slow", *quick], [*pytest_, "-m", "slow", *slow]]

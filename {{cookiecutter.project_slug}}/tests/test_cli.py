@@ -74,6 +74,17 @@ def test_print_config_shows_trainer_model_data_and_checkpoint(capsys):
     assert (config["checkpoint"]["monitor"], config["checkpoint"]["mode"]) == (MONITOR, MODE)
 
 
+@pytest.mark.parametrize(
+    "args",
+    [["--help"], ["--print_config"], ["--trainer.max_epoch", "2"]],
+    ids=["help", "print_config", "bad flag"],
+)
+def test_parsing_the_arguments_writes_nothing(workdir, capsys, args):
+    with pytest.raises(SystemExit):
+        main(["fit", *args])
+    assert not list(workdir.iterdir())
+
+
 def test_default_yaml_is_the_defaults(capsys, tmp_path):
     """configs/default.yaml is read first by every command, and nothing else holds its
     values: a project whose defaults file says otherwise trains otherwise."""

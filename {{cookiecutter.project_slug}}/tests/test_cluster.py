@@ -42,8 +42,13 @@ def flag(words: list[str], name: str) -> str:
     return value
 
 
-@pytest.mark.slow
-def test_torchrun_two_nodes_over_loopback(workdir):
+# torch's own abort of a rank as it joins the process group (a C++ thread left to
+# std::terminate), seen once in hundreds of runs on a loaded machine: such a pair of
+# agents is started again, once; any other failure fails the test.
+TORCH_ABORT = "terminate called without an active exception"
+
+
+def two_agents(workdir: Path) -> list[subprocess.CompletedProcess]:
     """Two torchrun agents, one process each, as two nodes would run them."""
     port = free_port()
     env = cli_env(
@@ -70,6 +75,17 @@ def test_torchrun_two_nodes_over_loopback(workdir):
     for agent in agents:
         stdout, stderr = agent.communicate(timeout=SUBPROCESS_TIMEOUT)
         results.append(subprocess.CompletedProcess(agent.args, agent.returncode, stdout, stderr))
+    return results
+
+
+@pytest.mark.slow
+def test_torchrun_two_nodes_over_loopback(workdir):
+    results = two_agents(workdir)
+    if any(result.returncode and TORCH_ABORT in result.stderr for result in results):
+        shutil.rmtree(workdir)
+        workdir.mkdir()
+        os.chdir(workdir)  # the directory the test runs in, made again
+        results = two_agents(workdir)
     for result in results:
         assert result.returncode == 0, failure("torchrun.sh", result)
 

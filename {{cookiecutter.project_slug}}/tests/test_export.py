@@ -318,11 +318,11 @@ def test_predict_writes_the_columns_the_project_names(tmp_path):
     outputs = [torch.tensor([[0.2, 0.8], [0.9, 0.1]])]
     writer.write_on_epoch_end(trainer, None, outputs, [[[0, 1]]])
     assert (tmp_path / "predictions.csv").read_text().splitlines()[0] == "index,output_0,output_1"
-    writer.columns = label_columns  # what the CLI sets from Project.prediction_columns
+    writer = PredictionWriter(str(tmp_path / "predictions.csv"), columns=label_columns)
     writer.write_on_epoch_end(trainer, None, outputs, [[[0, 1]]])
     lines = (tmp_path / "predictions.csv").read_text().splitlines()
     assert lines == ["index,label,score", "0,1,0.800000011920929", "1,0,0.8999999761581421"]
-    # The CLI hands the writer the project's function.
+    # The CLI builds the writer with the project's function.
     project = dataclasses.replace(PROJECT, prediction_columns=label_columns)
     cli = configured_cli(project)
     (found,) = [c for c in cli.trainer.callbacks if isinstance(c, PredictionWriter)]

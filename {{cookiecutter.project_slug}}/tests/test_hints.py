@@ -110,6 +110,9 @@ def test_out_of_memory_in_a_step(workdir, monkeypatch, capfd):
     if not torch.cuda.is_available():
         assert "--trainer.precision 32-true" in err and "--trainer.precision bf16-mixed" in err
     assert "empty_cache()` is no cure" in err
+    # What the run knew went with its error, not into a store another error would read.
+    later = explain(torch.cuda.OutOfMemoryError("CUDA out of memory."))
+    assert "Hint: CUDA out of memory" in later and "In use:" not in later
 
 
 def test_device_mismatch_in_a_step_shows_where_tensors_live(workdir, monkeypatch, capfd):

@@ -23,7 +23,7 @@ from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
-from .hints import RUN_CONTEXT
+from .hints import keep_context
 from .machine import build_name, cuda_devices
 from .memory import human, params_of, per_rank
 
@@ -194,21 +194,9 @@ class EnvironmentReport(Callback):
 
 
 class FailureContext(Callback):
-    """Keeps what the error hints quote: the run's settings, and where the
-    module's tensors were when a step failed (before Lightning moves them back)."""
-
-    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        RUN_CONTEXT.update(
-            precision=trainer.precision,
-            devices=trainer.num_devices,
-            accumulate_grad_batches=trainer.accumulate_grad_batches,
-            cuda_device_count=torch.cuda.device_count(),
-        )
-
-    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        batch_size = loader_facts(trainer)["batch_size"]
-        if batch_size:
-            RUN_CONTEXT["batch_size"] = batch_size
+    """Keeps what the error hints quote with the error (`hints.keep_context`): the
+    run's settings, and where the module's tensors were when a step failed (before
+    Lightning moves them back)."""
 
     def on_exception(
         self, trainer: Trainer, pl_module: LightningModule, exception: BaseException
@@ -216,10 +204,18 @@ class FailureContext(Callback):
         where: dict[str, list[str]] = {}
         for name, tensor in chain(pl_module.named_parameters(), pl_module.named_buffers()):
             where.setdefault(str(tensor.device), []).append(name)
-        RUN_CONTEXT["tensor_devices"] = {
-            device: names[:4] + ([f"... {len(names) - 4} more"] if len(names) > 4 else [])
-            for device, names in where.items()
+        context = {
+            "precision": trainer.precision,
+            "devices": trainer.num_devices,
+            "accumulate_grad_batches": trainer.accumulate_grad_batches,
+            "cuda_device_count": torch.cuda.device_count(),
+            "batch_size": loader_facts(trainer)["batch_size"],
+            "tensor_devices": {
+                device: names[:4] + ([f"... {len(names) - 4} more"] if len(names) > 4 else [])
+                for device, names in where.items()
+            },
         }
+        keep_context(exception, {key: value for key, value in context.items() if value})
 
 
 # The hooks a Callback may define: Lightning calls each of them on every callback.

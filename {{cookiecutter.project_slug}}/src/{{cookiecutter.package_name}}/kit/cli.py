@@ -42,7 +42,6 @@ from .callbacks import (
     FailureContext,
     KitCallbacks,
     NoProfiler,
-    find_callback,
 )
 from .checkpoints import (
     AtomicCheckpointIO,
@@ -66,7 +65,7 @@ from .hardware import (
     use_tensor_cores,
 )
 from .health import TrainingHealth
-from .hints import RUN_CONTEXT, explain
+from .hints import explain, keep_context
 from .internals import wrong_type
 from .machine import free_port
 from .predict import PredictionWriter
@@ -265,12 +264,30 @@ class ProjectCLI(LightningCLI):
             }
         try:
             super().__init__(*args, **kwargs)
-        except BaseException:
+        except BaseException as error:
+            keep_context(error, self.settings())  # what the error hints quote
             # A run that failed before the Trainer started leaves no empty directory.
             claimed = self._claimed
             if claimed is not None and claimed.is_dir() and not any(claimed.iterdir()):
                 discard_run(claimed)
             raise
+
+    def settings(self) -> dict[str, Any]:
+        """The parsed settings the error hints quote (the trainer's own, where it
+        was built, win: `FailureContext`)."""
+        config = getattr(self, "config", None)
+        config = config.get(config.get("subcommand") or "", config) if config else None
+        if config is None:
+            return {}
+        trainer = config.get("trainer") or {}
+        return {
+            "batch_size": (config.get("data") or {}).get("batch_size"),
+            "precision": trainer.get("precision"),
+            "accumulate_grad_batches": trainer.get("accumulate_grad_batches"),
+            "devices": trainer.get("devices"),
+            "accelerator": trainer.get("accelerator"),
+            "cuda_device_count": torch.cuda.device_count(),
+        }
 
     def subcommands(self) -> dict[str, set[str]]:
         everything = LightningCLI.subcommands()
@@ -290,7 +307,6 @@ class ProjectCLI(LightningCLI):
             }
         )
         parser.add_lightning_class_args(TrainLoss, "train_loss")
-        parser.add_lightning_class_args(CompileNetwork, "compile")
         parser.add_class_arguments(FSDPOptions, "fsdp", fail_untyped=False)
         parser.add_lightning_class_args(EnvironmentReport, "environment_report")
         parser.add_lightning_class_args(TrainingHealth, "health")
@@ -298,12 +314,31 @@ class ProjectCLI(LightningCLI):
         parser.add_lightning_class_args(InterruptCheckpoint, "interrupt_checkpoint")
         parser.add_lightning_class_args(ResumeCheck, "resume_check")
         parser.add_lightning_class_args(ResumeState, "resume_state")
-        parser.add_lightning_class_args(DiscardFailedStart, "discard_failed_start")
         parser.add_lightning_class_args(FinishRun, "finish_run")
-        parser.add_lightning_class_args(FitResult, "fit_result")
-        parser.add_lightning_class_args(PredictionWriter, "predictions")
+        # The callbacks that also take what the project says of its own code: their
+        # flags are parsed here, and the CLI builds them with the project's values.
+        for key, (kind, given) in self.project_callbacks().items():
+            parser.add_class_arguments(
+                kind, key, skip=set(given), instantiate=False, fail_untyped=False
+            )
+
+    def project_callbacks(self) -> dict[str, tuple[type[Callback], dict[str, Any]]]:
+        """The kit's callbacks built with the project's values: flags, class, values."""
+        project = self.project
+        return {
+            "compile": (CompileNetwork, {"wrap": project.wrap}),
+            "fit_result": (FitResult, {"command": project.command}),
+            "predictions": (PredictionWriter, {"columns": project.prediction_columns}),
+        }
+
+    def section(self, config: Any) -> Any:
+        """The running subcommand's part of a config (the whole of it without subcommands)."""
+        return config[self.subcommand] if self.subcommand else config
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        """The arguments, then where the run goes and what it continues. A new run's
+        directory is claimed later, once they are all read (`claim_run`): `--help`,
+        `--print_config` and a bad flag leave nothing on disk."""
         super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")
         config = self.config.get(subcommand or "")
@@ -351,14 +386,14 @@ class ProjectCLI(LightningCLI):
         trial's run into its study's directory.)"""
 
     def _start_new_run(self, config) -> None:
-        """A command that continues no run gets a run directory of its own (claimed by rank 0)."""
+        """A command that continues no run gets a run directory of its own."""
         trainer = config.get("trainer", {})
-        logger = trainer.get("logger")
-        if not logger or trainer.get("fast_dev_run"):
-            return
-        self._new_run = True
-        if is_first_process():
-            self._claimed = claim_new_run(logger)
+        self._new_run = bool(trainer.get("logger")) and not trainer.get("fast_dev_run")
+
+    def claim_run(self) -> None:
+        """Rank 0 claims a new run's directory, before the logger is built."""
+        if self._new_run and self.subcommand and is_first_process():
+            self._claimed = claim_new_run(self.config[self.subcommand]["trainer"]["logger"])
 
     def instantiate_classes(self) -> None:
         try:
@@ -368,22 +403,20 @@ class ProjectCLI(LightningCLI):
         strategy = self.trainer.strategy
         if type(strategy.checkpoint_io) is TorchCheckpointIO:  # not a plugin of the user's
             strategy.checkpoint_io = AtomicCheckpointIO()
-        discard = find_callback(self.trainer, DiscardFailedStart)
-        if discard is not None:
-            discard.new_run = self._new_run
-        # What the project says about its own code, for the callbacks that use it.
-        compile_ = find_callback(self.trainer, CompileNetwork)
-        if compile_ is not None:
-            compile_.wrap = self.project.wrap
-        writer = find_callback(self.trainer, PredictionWriter)
-        if writer is not None:
-            writer.columns = self.project.prediction_columns
-        result = find_callback(self.trainer, FitResult)
-        if result is not None:
-            result.command = self.project.command
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
-        # `callbacks` are the kit's, one per group of flags (--checkpoint.*, --health.*, ...).
+        # `callbacks` are the kit's, one per group of flags (--checkpoint.*, --health.*, ...),
+        # and those built here with the project's values.
+        section = self.section(self.config_init)
+        callbacks = [
+            *callbacks,
+            DiscardFailedStart(new_run=self._new_run),
+            *(
+                kind(**section[key].as_dict(), **given)
+                for key, (kind, given) in self.project_callbacks().items()
+            ),
+        ]
+
         def as_list(value) -> list:  # a config may give one callback or a list
             return [] if value is None else value if isinstance(value, list) else [value]
 
@@ -405,7 +438,7 @@ class ProjectCLI(LightningCLI):
             for c in callbacks
             if not isinstance(c, ModelCheckpoint | BasePredictionWriter | ProgressBar)
         }
-        options = self._get(self.config_init, "fsdp")
+        options = section["fsdp"]
         if isinstance(options, FSDPOptions) and options.enabled:
             if config.get("strategy") not in (None, "auto", "fsdp"):
                 raise ConfigError(
@@ -431,6 +464,7 @@ class ProjectCLI(LightningCLI):
         return trainer
 
     def before_instantiate_classes(self) -> None:
+        self.claim_run()
         use_tensor_cores()
         config = self.config.get(self.subcommand, self.config)
         if "weights_only" in config and config.get("weights_only") is None:
@@ -440,15 +474,6 @@ class ProjectCLI(LightningCLI):
         resolve_hardware(trainer)
         if self.subcommand == "predict":
             trainer["logger"] = False  # predictions go to their CSV file, not a new run
-        # What the error hints quote if building the Trainer already fails.
-        RUN_CONTEXT.clear()
-        RUN_CONTEXT.update(
-            batch_size=(config.get("data") or {}).get("batch_size"),
-            precision=trainer.get("precision"),
-            accumulate_grad_batches=trainer.get("accumulate_grad_batches"),
-            devices=trainer.get("devices"),
-            accelerator=trainer.get("accelerator"),
-        )
 
 
 def manual_optimization(model: str, trainer: dict[str, Any]) -> None:

@@ -67,7 +67,7 @@ def use_tensor_cores() -> None:
 class CompileNetwork(Callback):
     """`--compile.enabled true`: torch.compile the network, in place, before training.
 
-    Each module the project wraps (`Project.wrap`, which the CLI sets as `wrap`; by
+    Each module the project wraps (`wrap`, the CLI's `Project.wrap`; by
     default each child of the LightningModule with weights), not the LightningModule:
     compiling the whole module would trace Lightning's hooks and logging too, which
     Lightning's docs advise against.
@@ -84,10 +84,11 @@ class CompileNetwork(Callback):
         mode: Literal[
             "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"
         ] = "default",
+        wrap: Sequence[str] | None = None,
     ) -> None:
         self.enabled = enabled
         self.mode = mode
-        self.wrap: Sequence[str] | None = None
+        self.wrap = wrap
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if not self.enabled:

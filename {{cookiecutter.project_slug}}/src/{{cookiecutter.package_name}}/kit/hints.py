@@ -16,9 +16,14 @@ from typing import Any
 # the project's in its place.
 COMMAND = "<command>"
 
-# What the running command knows when it fails: filled by the CLI and its
-# callbacks (batch size, precision, devices, where the tensors were), read here.
-RUN_CONTEXT: dict[str, Any] = {}
+
+def keep_context(error: BaseException, context: dict[str, Any]) -> None:
+    """Keep what the hints quote (batch size, precision, devices, where the tensors
+    were) with the error itself; what an earlier account said wins over this one."""
+    try:
+        error.run_context = {**context, **getattr(error, "run_context", {})}  # type: ignore[attr-defined]
+    except AttributeError:  # an exception type that takes no attributes
+        pass
 
 
 @dataclass(frozen=True)
@@ -233,14 +238,27 @@ HINTS: tuple[Hint, ...] = (
 )
 
 
+def _chain(error: BaseException | None) -> list[BaseException]:
+    """The error and every error it was raised from (or while handling), outermost first."""
+    chain: list[BaseException] = []
+    while error is not None and all(error is not seen for seen in chain):
+        chain.append(error)
+        error = error.__cause__ or error.__context__
+    return chain
+
+
 def _error_text(error: BaseException) -> str:
     """The error and every error it was raised from, as 'Type: message' lines."""
-    parts, seen = [], set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        parts.append(f"{type(error).__name__}: {error}")
-        error = error.__cause__ or error.__context__
-    return "\n".join(parts)
+    return "\n".join(f"{type(link).__name__}: {link}" for link in _chain(error))
+
+
+def kept_context(error: BaseException) -> dict[str, Any]:
+    """What the run kept with the error and those it came from (`keep_context`); the
+    innermost account, nearest the failure, wins."""
+    context: dict[str, Any] = {}
+    for link in _chain(error):
+        context.update(getattr(link, "run_context", {}))
+    return context
 
 
 def find_hint(error: BaseException) -> Hint | None:
@@ -251,11 +269,12 @@ def find_hint(error: BaseException) -> Hint | None:
 def explain(
     error: BaseException, context: dict[str, Any] | None = None, command: str = COMMAND
 ) -> str | None:
-    """The block to print after the traceback, or None for an unknown error."""
+    """The block to print after the traceback, or None for an unknown error. `context`
+    defaults to what the run kept with the error (`keep_context`)."""
     hint = find_hint(error)
     if hint is None:
         return None
-    context = RUN_CONTEXT if context is None else context
+    context = kept_context(error) if context is None else context
     lines = [f"Hint: {hint.symptom}", f"  What it means: {hint.meaning}", "  Likely causes:"]
     lines += [f"    {n}. {cause}" for n, cause in enumerate(hint.causes, 1)]
     lines.append("  Next:")

@@ -58,11 +58,14 @@ class PredictionWriter(BasePredictionWriter):
     where each row belongs.
     """
 
-    def __init__(self, output: str = "predictions.csv") -> None:
+    def __init__(
+        self,
+        output: str = "predictions.csv",
+        columns: Callable[[Any], Mapping[str, Any]] | None = None,
+    ) -> None:
         super().__init__(write_interval="epoch")
         self.output = output
-        # Project.prediction_columns, set by the CLI; None: the kit's own columns.
-        self.columns: Callable[[Any], Mapping[str, Any]] | None = None
+        self.columns = columns  # Project.prediction_columns; None: the kit's own columns
 
     def path(self, trainer: Trainer) -> Path:
         path = Path(self.output)

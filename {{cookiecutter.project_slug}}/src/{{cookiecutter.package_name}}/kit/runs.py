@@ -219,12 +219,12 @@ class DiscardFailedStart(Callback):
     """Removes the run directory of a new run that failed before its first step
     (or an evaluation that failed).
 
-    The CLI sets `new_run` when the command started a run of its own (a
-    continued run is never touched).
+    `new_run`: the command started a run of its own (a continued run is never
+    touched).
     """
 
-    def __init__(self) -> None:
-        self.new_run = False
+    def __init__(self, new_run: bool = False) -> None:
+        self.new_run = new_run
         self._run: Path | None = None
         self._stage: str = ""
 
@@ -285,9 +285,9 @@ class FitResult(Callback):
     """Ends a fit with one line: the best score and its epoch, the best checkpoint,
     how to look at the run and how to continue it."""
 
-    def __init__(self, enabled: bool = True) -> None:
+    def __init__(self, enabled: bool = True, command: str = "<command>") -> None:
         self.enabled = enabled
-        self.command = "<command>"  # the project's command (set by the kit's CLI)
+        self.command = command  # the project's console command
         self._line: str | None = None
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
