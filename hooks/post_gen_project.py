@@ -25,7 +25,7 @@ FILES = {
         "k8s",
         "Dockerfile",
         ".dockerignore",
-        "tests/test_cluster.py",
+        "tests/kit/test_cluster.py",
     ],
     "ci": [".github"],
     "license": ["LICENSE"],

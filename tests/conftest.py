@@ -11,8 +11,9 @@ from cookiecutter.main import cookiecutter
 TEMPLATE = Path(__file__).resolve().parents[1]
 
 
-# The longest tests, longest first (each runs a rendered project's suite): they start
-# before the rest, so that no worker is left running one of them alone at the end.
+# The longest tests, longest first (each runs a rendered project's suite). Each worker
+# starts its share of the collection (xdist's worksteal hands worker k the k-th of
+# equal slices) with its share of these: none is left to run alone at the end.
 LONGEST = (
     "suite[digits-tensorboard-every-option]",
     "test_the_wheelhouse_installs",
@@ -28,14 +29,27 @@ LONGEST = (
 )
 
 
-def longest_first(item) -> int:
+def rank(item) -> int:
     return next((n for n, name in enumerate(LONGEST) if name in item.nodeid), len(LONGEST))
+
+
+def longest_first(items: list, workers: int) -> list:
+    """`items` in worker-sized slices, each led by its turn of the longest tests."""
+    long = sorted((item for item in items if rank(item) < len(LONGEST)), key=rank)
+    rest = iter(item for item in items if rank(item) == len(LONGEST))
+    ordered, left = [], len(items)
+    for worker in range(workers):
+        size = left // (workers - worker)  # as worksteal slices what is left
+        mine = long[worker::workers]
+        ordered += mine + [next(rest) for _ in range(size - len(mine))]
+        left -= size
+    return ordered + list(rest)
 
 
 def pytest_collection_modifyitems(config, items):
     import torch
 
-    items.sort(key=longest_first)  # stable: the rest keep their order
+    items[:] = longest_first(items, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device; torch.cuda.is_available() is False")

@@ -41,8 +41,8 @@ def test_the_kit_on_the_newest_lightning(tmp_path):
         print(f"lightning {versions[0]}, jsonargparse {versions[1]}: the newest, tested here")
         return
     quick = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "-m", "not slow"]
-    first = run([*quick, "tests/test_internals.py"], cwd=project, timeout=600)
+    first = run([*quick, "tests/kit/test_internals.py"], cwd=project, timeout=600)
     assert " passed" in first.stdout, first.stdout[-2000:]
-    rest = run([*quick, "--deselect", "tests/test_internals.py"], cwd=project, timeout=1200)
+    rest = run([*quick, "--deselect", "tests/kit/test_internals.py"], cwd=project, timeout=1200)
     assert " failed" not in rest.stdout, rest.stdout[-3000:]
     print(f"lightning {versions[0]}, jsonargparse {versions[1]}: the kit's quick tests pass")

@@ -95,20 +95,20 @@ RENDERED_RULES = [
     # No Docker daemon, registry, Apptainer or SLURM here.
     (
         r"docker build -t registry\.example\.com/\S+ \.",
-        "skip no Docker daemon here; tests/test_cluster.py lints the Dockerfile with hadolint",
+        "skip no Docker daemon here; tests/kit/test_cluster.py lints the Dockerfile with hadolint",
     ),
     (r"docker (run|push) .*registry\.example\.com/\S+.*", "skip no Docker daemon or GPU here"),
     (r"apptainer build \S+\.sif docker://\S+", "skip no Apptainer here"),
     (
         r"SIF=\S+\.sif sbatch scripts/slurm\.sbatch",
-        "covered tests/test_cluster.py (the script under a recording srun, with SIF)",
+        "covered tests/kit/test_cluster.py (the script under a recording srun, with SIF)",
     ),
     (r"\S+ doctor( --json)?", "run"),
     (r"\S+ doctor --memory( --world-size \d+ --devices-free-gib \d+)?", "run"),
     (r"\S+ bench( --steps \d+)?( --json)?", "run"),
     (
         r"\S+ sweep( .*)?",
-        "covered tests/test_sweep.py: short sweeps over a small space (trials pruned, a killed"
+        "covered tests/kit/test_sweep.py: short sweeps over a small space (trials pruned, a killed"
         " sweep continued, two workers on one study) and configs/sweep.yaml checked against fit;"
         " the default 20 trials of 20 epochs are too long for a test",
     ),
@@ -118,7 +118,7 @@ RENDERED_RULES = [
     ),
     (
         r"\S+ repeat --seeds \d+( --workers \d+)?",
-        "covered tests/test_repeat.py: three-seed and three-fold repeats of a short epoch against"
+        "covered tests/kit/test_repeat.py: three-seed and three-fold repeats of a short epoch against"
         " a hand calculation, and a killed repeat of two workers continued",
     ),
     (r"\S+ doctor --require-gpu", "run" if GPU else "expect 1"),
@@ -131,7 +131,7 @@ RENDERED_RULES = [
     (r"wandb login", "skip needs a Weights & Biases account"),
     (r"wandb sync logs/wandb/offline-run-\*", "skip needs a W&B account and the network"),
     (
-        r'pytest( -m "not slow"| -m target)?',
+        r"pytest( --all| -m target)?",
         "covered tests/test_rendered_project.py runs the suite, and `-m target` on two renders",
     ),
     (r"ruff check \. && ruff format --check \.", "run"),

@@ -82,14 +82,16 @@ def expected_files(package: str, answers: dict) -> set[str]:
     answers = {**DEFAULTS, **answers}
     users = "__init__ __main__ data model project"
     kit = (
-        "__init__ callbacks checkpoints cli console data doctor export hardware health hints"
+        "__init__ callbacks checkpoints cli console data doctor export footprint hardware health"
+        " hints"
         " bench internals machine memory peaks predict repeat resume runs sharding spec stopping"
         " sweep trial"
     )
-    tests = (
-        "conftest host_syncs instruments test_bad_input test_bench test_callbacks test_checkpoints"
+    users_tests = "conftest test_example"
+    kit_tests = (
+        "host_syncs instruments test_bad_input test_bench test_callbacks test_checkpoints"
         " test_fsdp test_memory"
-        " test_cli test_compile test_data test_ddp test_doctor test_example test_export test_faults"
+        " test_cli test_compile test_data test_ddp test_doctor test_export test_faults"
         " test_gpu test_hardware test_health test_hints test_imports test_internals test_model"
         " test_peaks test_repeat test_resume test_runs test_sweep test_syncs"
     )
@@ -103,7 +105,8 @@ def expected_files(package: str, answers: dict) -> set[str]:
         *(f"configs/{name}.yaml" for name in configs.split()),
         *(f"src/{package}/{name}.py" for name in users.split()),
         *(f"src/{package}/kit/{name}.py" for name in kit.split()),
-        *(f"tests/{name}.py" for name in tests.split()),
+        *(f"tests/{name}.py" for name in users_tests.split()),
+        *(f"tests/kit/{name}.py" for name in kit_tests.split()),
         *(f"tests/support/{name}.py" for name in support.split()),
     }
     if answers["cluster"]:
@@ -114,7 +117,7 @@ def expected_files(package: str, answers: dict) -> set[str]:
             "k8s/pytorchjob.yaml",
             "Dockerfile",
             ".dockerignore",
-            "tests/test_cluster.py",
+            "tests/kit/test_cluster.py",
         }
     if answers["ci"]:
         files |= {".github/workflows/ci.yml", ".github/workflows/template-update.yml"}
@@ -287,7 +290,7 @@ def test_rendered_workflow_is_valid_yaml_with_the_checks(rendered):
     runs = [step.get("run", "") for step in job["steps"]]
     assert any("torch" in r and "TORCH_INDEX_URL" in r for r in runs)
     assert runs.index('python -m pip install -e ".[dev]"') > 0
-    assert {"ruff check .", "ruff format --check .", "python -m pytest"} <= set(runs)
+    assert {"ruff check .", "ruff format --check .", "python -m pytest --all"} <= set(runs)
     # GitHub's own expressions arrive as written, not as template syntax.
     assert "${{ matrix.python }}" in text and "${{ vars.TORCH_INDEX_URL }}" in text
 

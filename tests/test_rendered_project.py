@@ -19,22 +19,22 @@ def passed_count(pytest_output: str) -> int:
 # the quick tests of what a logger changes. Each then runs the slow tests its
 # options change (the fit to the example's target, resume into the logger's run,
 # DDP's single run directory, a sweep's trials).
-SIGKILL = "tests/test_faults.py::test_resume_after_sigkill_continues_from_the_last_checkpoint"
+SIGKILL = "tests/kit/test_faults.py::test_resume_after_sigkill_continues_from_the_last_checkpoint"
 # A sweep on a lower-is-better metric; one continued after a kill, in the logger's own runs.
-SHORT_SWEEP = "tests/test_sweep.py::test_a_short_sweep_completes_prunes_and_reports"
-STOPPED_SWEEP = "tests/test_sweep.py::test_a_stopped_sweep_continues_its_study"
+SHORT_SWEEP = "tests/kit/test_sweep.py::test_a_short_sweep_completes_prunes_and_reports"
+STOPPED_SWEEP = "tests/kit/test_sweep.py::test_a_stopped_sweep_continues_its_study"
 # An evaluation logged into the run it evaluates; a resume past a damaged last.ckpt.
-INTO_ITS_RUN = "tests/test_cli.py::test_validate_and_test_the_best_checkpoint_into_its_run"
+INTO_ITS_RUN = "tests/kit/test_cli.py::test_validate_and_test_the_best_checkpoint_into_its_run"
 DAMAGED_NEWEST = (
-    "tests/test_checkpoints.py::test_resume_skips_a_damaged_newest_checkpoint_and_says_why"
+    "tests/kit/test_checkpoints.py::test_resume_skips_a_damaged_newest_checkpoint_and_says_why"
 )
 # The tests that read or write a logger's runs (the train loss reaches each logger
 # without a host sync between logging steps).
 LOGGER_TESTS = [
-    "tests/test_cli.py",
-    "tests/test_runs.py",
-    "tests/test_bad_input.py",
-    "tests/test_syncs.py",
+    "tests/kit/test_cli.py",
+    "tests/kit/test_runs.py",
+    "tests/kit/test_bad_input.py",
+    "tests/kit/test_syncs.py",
 ]
 EVERY = ["tests"]
 # The renders whose full default fit is held to the example's target (`-m target`).
@@ -44,18 +44,18 @@ SUITES = {
     "minimal-csv-no-cluster-no-ci-no-license": (
         {"example": "minimal", "logger": "csv", "cluster": False, "ci": False, "license": "none"},
         EVERY,
-        ["tests/test_cli.py", SIGKILL, SHORT_SWEEP, "tests/test_resume.py"],
+        ["tests/kit/test_cli.py", SIGKILL, SHORT_SWEEP, "tests/kit/test_resume.py"],
     ),
     "digits-mlflow": (
         {"logger": "mlflow"},
-        [*LOGGER_TESTS, "tests/test_checkpoints.py"],
-        [INTO_ITS_RUN, "tests/test_ddp.py", SIGKILL, STOPPED_SWEEP],
+        [*LOGGER_TESTS, "tests/kit/test_checkpoints.py"],
+        [INTO_ITS_RUN, "tests/kit/test_ddp.py", SIGKILL, STOPPED_SWEEP],
     ),
     # W&B offline: its runs, records and continued runs.
     "digits-wandb": (
         {"logger": "wandb", "cluster": False, "ci": False},
-        [*LOGGER_TESTS, "tests/test_checkpoints.py"],
-        [INTO_ITS_RUN, "tests/test_runs.py", DAMAGED_NEWEST, SIGKILL],
+        [*LOGGER_TESTS, "tests/kit/test_checkpoints.py"],
+        [INTO_ITS_RUN, "tests/kit/test_runs.py", DAMAGED_NEWEST, SIGKILL],
     ),
 }
 
@@ -71,7 +71,7 @@ def test_rendered_project_passes_its_own_test_suite(tmp_path, suite, answers, qu
     # signals and timeouts, and this suite's other worker runs the rest meanwhile.
     workers = "2" if quick is None else "0"
     pytest_ = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", workers]
-    runs = [pytest_]
+    runs = [[*pytest_, "--all"]]
     if slow:
         runs = [[*pytest_, "-m", "not slow", *quick], [*pytest_, "-m", "slow", *slow]]
     if suite in TO_TARGET:
@@ -89,7 +89,7 @@ def test_rendered_project_passes_its_own_test_suite(tmp_path, suite, answers, qu
     if not torch.cuda.is_available():
         # The GPU config's fast_dev_run (in test_cli.py) and the GPU fit, nothing else.
         gpu = ["needs a CUDA device; torch.cuda.is_available() is False"]
-        expected = 2 if slow is None else int("tests/test_cli.py" in quick or quick == EVERY)
+        expected = 2 if slow is None else int("tests/kit/test_cli.py" in quick or quick == EVERY)
         assert skipped == gpu * expected
 
 

@@ -21,15 +21,15 @@ from conftest import env_without_mlflow_uri, python, render, run
 
 REPLACEMENTS = Path(__file__).parent / "replacements"
 USER_FILES = ("project.py", "model.py", "data.py")
-RESUME = "tests/test_resume.py"
+RESUME = "tests/kit/test_resume.py"
 # Each problem: the project name it is rendered under, and, beyond the quick tests,
 # the slow kit tests that put its traits to work.
 PROBLEMS = {
-    "text": (None, ["tests/test_cli.py", "tests/test_ddp.py"]),  # dict batches under DDP
+    "text": (None, ["tests/kit/test_cli.py", "tests/kit/test_ddp.py"]),  # dict batches under DDP
     # an exact resume with an optimizer that keeps no state, on a lower-is-better metric
     "tabular": (
         None,
-        ["tests/test_faults.py::test_resume_after_sigkill_continues_from_the_last_checkpoint"],
+        ["tests/kit/test_faults.py::test_resume_after_sigkill_continues_from_the_last_checkpoint"],
     ),
     "transformer": (None, []),  # the quick ones: its network is another's, its data the demo's
     # Manual optimization, two networks and two optimizers: DDP (the parameters each
@@ -39,8 +39,8 @@ PROBLEMS = {
     "gan": (
         "Ring GAN",
         [
-            "tests/test_ddp.py",
-            "tests/test_fsdp.py::test_a_refusal_on_every_rank_is_one_line_for_the_job",
+            "tests/kit/test_ddp.py",
+            "tests/kit/test_fsdp.py::test_a_refusal_on_every_rank_is_one_line_for_the_job",
             f"{RESUME}::test_an_in_process_fit_stopped_and_resumed_is_exact[dropout mid-epoch]",
         ],
     ),
@@ -51,7 +51,7 @@ PROBLEMS = {
         "Shape Lab",
         [
             f"{RESUME}::test_with_any_loader_workers_a_run_stopped_mid_epoch_resumes_exactly",
-            "tests/test_bench.py::test_bench_measures_the_project_and_writes_nothing",
+            "tests/kit/test_bench.py::test_bench_measures_the_project_and_writes_nothing",
         ],
     ),
 }

@@ -9,11 +9,24 @@ import torch
 from support import PROJECT, fit_in, shared
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--all", action="store_true", help="the slow tests too (a plain pytest runs the quick)"
+    )
+
+
 def pytest_collection_modifyitems(config, items):
-    # A full training run is asked for by name (`-m target`), never part of a plain run.
-    if "target" not in (config.getoption("markexpr") or ""):
-        kept = [item for item in items if "target" not in item.keywords]
-        config.hook.pytest_deselected(items=[i for i in items if "target" in i.keywords])
+    # A plain `pytest` runs the quick tests; `--all` adds the slow ones, `-m slow` runs
+    # only those, and a test named by its id runs whatever it is. A full training run
+    # is asked for by its marker (`-m target`), never by these.
+    asked = config.getoption("markexpr") or ""
+    left_out = [] if "target" in asked else ["target"]
+    named = any("::" in arg for arg in config.args)
+    if not (asked or named or config.getoption("all")):
+        left_out.append("slow")
+    kept = [item for item in items if not any(map(item.get_closest_marker, left_out))]
+    if len(kept) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
         items[:] = kept
     if torch.cuda.is_available():
         return

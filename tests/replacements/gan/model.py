@@ -91,7 +91,7 @@ class PointGAN(LightningModule):
         self.untoggle_optimizer(optimizer_d)
 
         # To the loggers only: a value on the progress bar is read from the device every
-        # step (tests/test_syncs.py would name this line).
+        # step (tests/kit/test_syncs.py would name this line).
         self.log_dict({"train/g_loss": g_loss, "train/d_loss": d_loss})
 
     def validation_step(self, batch, batch_idx: int) -> None:

@@ -28,7 +28,7 @@ class CountingTransformer(LightningTransformer):
     def forward(self, inputs: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """The demo network's forward, telling nn.Transformer that its mask is causal:
         given the mask alone, it compares it with a causal one on every call, a read
-        of the device that stalls a GPU every step (tests/test_syncs.py names it)."""
+        of the device that stalls a GPU every step (tests/kit/test_syncs.py names it)."""
         net = self.model
         mask = nn.Transformer.generate_square_subsequent_mask(inputs.shape[1], device=inputs.device)
         source = net.pos_encoder(net.embedding(inputs) * math.sqrt(net.ninp))

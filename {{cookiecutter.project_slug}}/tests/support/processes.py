@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from .project import PACKAGE, SRC, TESTS
+from .project import KIT_TESTS, PACKAGE, SRC, TESTS
 
 # Timeouts are several times what a step takes on a quiet 2-core machine, so a
 # busy one fails no test; none of them is an assertion about speed.
@@ -17,14 +17,16 @@ SUBPROCESS_TIMEOUT = 600
 
 
 def cli_env(env: dict | None = None) -> dict:
-    """The environment for a CLI subprocess: src/ and tests/ (the instruments) importable."""
+    """The environment for a CLI subprocess: src/, tests/ and tests/kit/ (the instruments)
+    importable."""
     env = {**os.environ, **(env or {})}
 {%- if cookiecutter.logger == "mlflow" %}
     env.pop("MLFLOW_TRACKING_URI", None)  # the test's own ./mlruns, not a server or another test's
 {%- elif cookiecutter.logger == "wandb" %}
     env.pop("WANDB_SERVICE", None)  # its own W&B service, as a command of its own would have
 {%- endif %}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SRC), str(TESTS), env.get("PYTHONPATH")]))
+    paths = [str(SRC), str(TESTS), str(KIT_TESTS), env.get("PYTHONPATH")]
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
     return env
 
 

@@ -12,6 +12,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = PROJECT_ROOT / "configs"
 SRC = PROJECT_ROOT / "src"
 TESTS = PROJECT_ROOT / "tests"
+KIT_TESTS = TESTS / "kit"  # the kit's tests and their instruments
 PACKAGE = PROJECT.package
 # The console command pyproject.toml declares, as the docs name it (read as text:
 # tomllib is not in every supported Python).

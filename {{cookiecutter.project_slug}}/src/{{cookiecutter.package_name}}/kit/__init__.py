@@ -4,9 +4,20 @@ imports nothing of yours, and works with any LightningModule and
 LightningDataModule that the `Project` passed in names (spec.py); you should
 rarely need to edit it.
 
+Two layers, imports running one way (tests/kit/test_imports.py holds them):
+
+    tools      doctor  memory  bench  export  sweep  trial  repeat  stopping
+                 |  each a command of its own, built on the core
+                 v
+    run core   cli (fit, validate, test, predict) and what it imports: spec,
+               callbacks, console, checkpoints, runs, resume, sharding, data,
+               health, peaks, footprint, hardware, hints, predict, machine, internals
+
+The core never imports a tool, nor Optuna or ONNX: a fit loads none of them.
+
     spec         Project: everything the kit may ask of your code, each with its default
     cli          the Lightning CLI with the kit's callbacks and the project's defaults
-    callbacks    the environment report, the context the error hints quote, the kit's
+    callbacks    the environment report, the context the error hints keep, the kit's
                  callbacks as one
     console      train/loss once a logging window, the progress bar, the model summary
     checkpoints  best and last, `--ckpt_path last`, interrupted.ckpt, the file check
@@ -16,9 +27,12 @@ rarely need to edit it.
     data         loader settings from the machine, a DataModule built from splits
     health       throughput, data wait, FLOPs and MFU, memory at the end of fit
     peaks        the peak FLOP/s of current GPUs
+    footprint    weights, gradients and optimizer state per rank, under DDP and FSDP
     hardware     precision and matmul kernels from the accelerator the run uses
     hints        what the classic errors mean, printed after a traceback
     predict      `predict` writes any predict_step output as CSV rows
+    machine      the torch build and the GPUs, for the doctor and the report
+    internals    every private name of Lightning, jsonargparse and torch the kit uses
     export       `export`: the trained network, loadable without the checkpoint
     sweep        `sweep`: an Optuna study over fit's flags, its storage and workers
     trial        one trial of a sweep: a fit with its flags, pruned on the metric
@@ -26,7 +40,5 @@ rarely need to edit it.
     bench        `bench`: the loader, the step and the loop timed apart, and a verdict
     stopping     what a sweep and its trials share: their errors, the stop signal
     doctor       `doctor`: is this machine ready to train (never imports Lightning)
-    memory       `doctor --memory`: bytes per rank under DDP and FSDP, and whether they fit
-    machine      the torch build and the GPUs, for the doctor and the report
-    internals    every private name of Lightning, jsonargparse and torch the kit uses
+    memory       `doctor --memory`: a step's activations, and whether a run fits per rank
 """

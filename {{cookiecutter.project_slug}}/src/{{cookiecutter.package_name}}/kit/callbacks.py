@@ -23,9 +23,9 @@ from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
+from .footprint import human, params_of, per_rank
 from .hints import keep_context
 from .machine import build_name, cuda_devices
-from .memory import human, params_of, per_rank
 
 
 def torch_build() -> str:

@@ -106,7 +106,7 @@ HINTS: tuple[Hint, ...] = (
             "make tensors from existing ones: `x.new_zeros(...)`,"
             " `torch.zeros(..., device=x.device)`",
             "store constants with `self.register_buffer(...)`",
-            "run `pytest tests/test_model.py`: the meta-device test finds the line on a CPU",
+            "run `pytest tests/kit/test_model.py`: the meta-device test finds the line on a CPU",
         ),
         details=_device_details,
     ),

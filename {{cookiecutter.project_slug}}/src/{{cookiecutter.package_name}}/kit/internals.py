@@ -1,7 +1,7 @@
 """Every use the kit makes of a private name of Lightning, jsonargparse or torch, in one place.
 
 Each is something the public API does not offer; each says what it is for and
-the release it was checked on (`CHECKED_ON`). tests/test_internals.py exercises
+the release it was checked on (`CHECKED_ON`). tests/kit/test_internals.py exercises
 every one, so a release that moves one fails there first, by name, rather than
 somewhere in a run. The private methods the kit overrides are listed in
 `OVERRIDDEN`, and the same test holds their signatures to the ones written here.

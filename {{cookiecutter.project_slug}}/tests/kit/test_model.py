@@ -7,16 +7,18 @@ import copy
 import re
 import traceback
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
-from support import SRC, configured, first_batch
+from support import PACKAGE, SRC, configured, first_batch
 from support.models import TwoNetworks
 from torch import nn
 
 from {{ cookiecutter.package_name }}.kit.memory import training_step
 
+KIT = (SRC / PACKAGE / "kit").resolve()
 # Operations that need the values of tensors, which the meta device does not have.
 NEEDS_VALUES = re.compile(
     r"cannot be called on meta tensors|Cannot copy out of meta tensor|data-dependent"
@@ -46,6 +48,10 @@ def training_step_on_meta(module: nn.Module, batch) -> None:
                 raise
             frames = traceback.extract_tb(error.__traceback__)
             where = [f for f in frames if "/torch/_" not in f.filename.replace("\\", "/")][-1]
+            # The project's own code may read values; the kit's must not.
+            assert not Path(where.filename).resolve().is_relative_to(KIT), (
+                f"the kit reads values: {where}"
+            )
             pytest.skip(
                 f"the step reads tensor values, which the meta device has not ({error};"
                 f" {where.filename}:{where.lineno}): no device check for this model"

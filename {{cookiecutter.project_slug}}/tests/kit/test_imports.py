@@ -1,12 +1,17 @@
-"""The kit's imports run one way: no cycle among its modules, and nothing of yours.
+"""The kit's imports run one way: no cycle among its modules, nothing of yours, and
+no tool (doctor, bench, export, sweep, ...) in the run core a fit loads.
 
-Read from the source (ast), so a late import inside a function counts too.
+Read from the source (ast), so a late import inside a function counts too; and, for
+the core, from what a real fit loaded.
 """
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
-from support import PACKAGE, SRC
+import pytest
+from support import PACKAGE, SRC, SUBPROCESS_TIMEOUT, cli_env, failure
 
 KIT = SRC / PACKAGE / "kit"
 
@@ -88,3 +93,61 @@ def test_the_kit_names_no_package():
     names this project's package, so it is the same text in every project."""
     named = [path.name for path in KIT.glob("*.py") if PACKAGE in path.read_text("utf-8")]
     assert named == []
+
+
+# The kit's tools: commands of their own, built on the run core (kit/__init__.py).
+TOOLS = {"bench", "doctor", "export", "memory", "repeat", "stopping", "sweep", "trial"}
+# What only the tools need, never a fit.
+TOOL_LIBRARIES = {"optuna", "onnx", "onnxruntime", "onnxscript", "matplotlib"}
+
+
+def core() -> set[str]:
+    """The run core: every kit module cli.py reaches by its imports, late ones included."""
+    edges, found, todo = graph(), set(), [f"{PACKAGE}.kit.cli"]
+    while todo:
+        module = todo.pop()
+        if module not in found:
+            found.add(module)
+            todo += edges[module]
+    return {name.rpartition(".")[2] for name in found}
+
+
+def test_the_run_core_imports_no_tool():
+    modules = core()
+    assert {"cli", "callbacks", "checkpoints", "resume", "spec"} <= modules
+    assert modules & TOOLS == set(), sorted(modules & TOOLS)
+    libraries = {
+        f"{name}.py: {module}"
+        for name in modules
+        for module in kit_imports(KIT / f"{name}.py")
+        if module.partition(".")[0] in TOOL_LIBRARIES
+    }
+    assert not libraries, sorted(libraries)
+    # Every kit module is one or the other.
+    every = {path.stem for path in KIT.glob("*.py")} - {"__init__"}
+    assert every == modules | TOOLS, sorted(every - modules - TOOLS)
+
+
+@pytest.mark.slow
+def test_a_fit_loads_no_tool(workdir):
+    """A short fit in a process of its own: no tool of the kit, nor Optuna or ONNX."""
+    script = (
+        "import sys\n"
+        f"from {PACKAGE}.__main__ import project\n"
+        f"from {PACKAGE}.kit.cli import main\n"
+        "main(['fit', '--trainer.fast_dev_run=true'], project())\n"
+        "print(' '.join(sorted(sys.modules)))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=workdir,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT,
+    )
+    assert result.returncode == 0, failure("fit", result)
+    loaded = set(result.stdout.split())
+    tools = {f"{PACKAGE}.kit.{name}" for name in TOOLS} & loaded
+    libraries = {name for name in loaded if name.partition(".")[0] in ("optuna", "onnx")}
+    assert not tools and not libraries, sorted(tools | libraries)

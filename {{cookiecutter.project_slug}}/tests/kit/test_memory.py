@@ -17,9 +17,10 @@ from support import PROJECT
 from support.models import TwoNetworks
 from torch import nn
 
-from {{ cookiecutter.package_name }}.kit import doctor, memory
+from {{ cookiecutter.package_name }}.kit import doctor, footprint, memory
 from {{ cookiecutter.package_name }}.kit.callbacks import format_environment, memory_facts
-from {{ cookiecutter.package_name }}.kit.memory import Gpu, Param, PerRank, per_rank, shard_numel
+from {{ cookiecutter.package_name }}.kit.footprint import Param, PerRank, per_rank, shard_numel
+from {{ cookiecutter.package_name }}.kit.memory import Gpu
 
 # nn.Linear(1000, 1000): 1,000,000 weights + 1,000 biases = 1,001,000 parameters.
 LINEAR = 1_001_000
@@ -50,7 +51,7 @@ def test_fsdp_shards_are_dim_0_chunks_padded_to_the_first():
 def test_a_linear_layer_by_hand_under_ddp_and_fsdp(world_size, per_rank_params):
     model = linear_on_meta()
     optimizer = torch.optim.AdamW(model.parameters())  # no state until a step: nothing allocated
-    params, buffers, facts = memory.params_of(model, [optimizer])
+    params, buffers, facts = footprint.params_of(model, [optimizer])
     assert sum(math.prod(p.shape) for p in params) == LINEAR and buffers == 0
     assert facts.name == "AdamW"
     ddp = per_rank(params, world_size, sharded=False)
@@ -63,22 +64,22 @@ def test_a_linear_layer_by_hand_under_ddp_and_fsdp(world_size, per_rank_params):
 
 
 def test_optimizer_state_is_counted_per_optimizer_and_its_options():
-    assert memory.state_slots("AdamW") == memory.state_slots("Adam") == 2
-    assert memory.state_slots("Adam", amsgrad=True) == 3
-    assert memory.state_slots("SGD") == 0
-    assert memory.state_slots("SGD", momentum=0.9) == 1
-    assert memory.state_slots("RMSprop", momentum=0.9, centered=True) == 3
-    assert memory.state_slots("SomethingElse") is None
+    assert footprint.state_slots("AdamW") == footprint.state_slots("Adam") == 2
+    assert footprint.state_slots("Adam", amsgrad=True) == 3
+    assert footprint.state_slots("SGD") == 0
+    assert footprint.state_slots("SGD", momentum=0.9) == 1
+    assert footprint.state_slots("RMSprop", momentum=0.9, centered=True) == 3
+    assert footprint.state_slots("SomethingElse") is None
     model = linear_on_meta()
     for optimizer, state in [
         (torch.optim.SGD(model.parameters(), lr=0.1), 0),
         (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), 4_004_000),
         (torch.optim.Adam(model.parameters(), amsgrad=True), 12_012_000),
     ]:
-        params, _, facts = memory.params_of(model, [optimizer])
+        params, _, facts = footprint.params_of(model, [optimizer])
         assert per_rank(params).optimizer_state == state, facts.name
     frozen = linear_on_meta().requires_grad_(False)
-    params, _, _ = memory.params_of(frozen, [])
+    params, _, _ = footprint.params_of(frozen, [])
     assert per_rank(params) == PerRank(4_004_000, 0, 0)  # no gradient, no state
 
 
@@ -91,7 +92,7 @@ def test_an_optimizer_that_cannot_be_built_on_the_meta_device_is_assumed_adamw()
         model = NeedsATrainer(1000, 1000)
     found, why = memory.optimizers_of(model)
     assert found == [] and "configure_optimizers failed on the meta model" in why
-    params, _, facts = memory.params_of(model, found)
+    params, _, facts = footprint.params_of(model, found)
     assert facts.name == "AdamW (assumed)"
     assert per_rank(params).optimizer_state == 8_008_000
 

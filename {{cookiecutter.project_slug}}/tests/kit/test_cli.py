@@ -130,7 +130,7 @@ CONFIG_EFFECTS = {
 
 def kind_of(path) -> str:
     """What a file in configs/ is: a search space (its keys are flags, `model.lr`), a
-    config that starts processes (DDP re-runs the command: tests/test_ddp.py runs it),
+    config that starts processes (DDP re-runs the command: tests/kit/test_ddp.py runs it),
     one for a GPU, or a config `fit` runs in this process."""
     config = yaml.safe_load(path.read_text()) or {}
     if any("." in str(key) for key in config):
