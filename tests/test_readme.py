@@ -118,8 +118,8 @@ RENDERED_RULES = [
     ),
     (
         r"\S+ repeat --seeds \d+( --workers \d+)?",
-        "covered tests/kit/test_repeat.py: three-seed and three-fold repeats of a short epoch against"
-        " a hand calculation, and a killed repeat of two workers continued",
+        "covered tests/kit/test_repeat.py: three-seed and three-fold repeats of a short epoch"
+        " against a hand calculation, and a killed repeat of two workers continued",
     ),
     (r"\S+ doctor --require-gpu", "run" if GPU else "expect 1"),
     (r"tensorboard --logdir logs", "server http://localhost:6006"),

@@ -587,7 +587,8 @@ def _failed(error: Exception, command: str) -> int:
 
 
 def _rank() -> str:
-    """'[rank 1/2] ' under DDP, so a failure says which process it was; '' alone."""
+    """'[rank 1/2] ' under DDP, so a failure says which process it was; '' alone.
+    (Lightning's `rank_prefixed_message` names the rank always, and not the world.)"""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         world = torch.distributed.get_world_size()

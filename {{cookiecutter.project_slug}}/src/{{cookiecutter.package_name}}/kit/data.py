@@ -38,6 +38,7 @@ from torch.utils.data import (
     TensorDataset,
     default_collate,
     get_worker_info,
+    random_split,
 )
 
 MAX_WORKERS = 8
@@ -51,7 +52,9 @@ class LoaderSettings:
 
 
 def available_cpus() -> int:
-    """CPUs this process may run on (honours taskset and container limits)."""
+    """CPUs this process may run on (honours taskset and container limits). (Lightning's
+    `suggested_max_num_workers` gives a rank one worker even with one CPU to itself, where
+    the worker only takes the CPU from the rank; its count of CPUs is private.)"""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # macOS and Windows
@@ -465,7 +468,8 @@ def is_in_memory(dataset: Dataset) -> bool:
 
 
 def split_sizes(n: int, val_fraction: float, test_fraction: float) -> list[int]:
-    """Sizes of train/val/test for `n` samples; every split gets at least one."""
+    """Sizes of train/val/test for `n` samples; every split gets at least one (the
+    fractions `random_split` takes can leave a small split empty)."""
     if not (0 < val_fraction < 1 and 0 < test_fraction < 1 and val_fraction + test_fraction < 1):
         raise ValueError(
             f"val_fraction={val_fraction}, test_fraction={test_fraction}: "
@@ -482,15 +486,12 @@ def split_dataset(
     seed: int,
     names: Sequence[str] = ("train", "val", "test"),
 ) -> dict[str, Subset]:
-    """A fixed-seed split of any dataset, the same on every rank and every run."""
+    """A fixed-seed split of any dataset (torch's `random_split`), the same on every rank
+    and every run, by name."""
     if sum(sizes) != len(dataset):
         raise ValueError(f"split sizes {list(sizes)} add up to {sum(sizes)}, not {len(dataset)}")
-    order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed)).tolist()
-    splits, start = {}, 0
-    for name, size in zip(names, sizes, strict=True):
-        splits[name] = Subset(dataset, order[start : start + size])
-        start += size
-    return splits
+    parts = random_split(dataset, sizes, generator=torch.Generator().manual_seed(seed))
+    return dict(zip(names, parts, strict=True))
 
 
 def check_folds(fold: int, folds: int) -> None:

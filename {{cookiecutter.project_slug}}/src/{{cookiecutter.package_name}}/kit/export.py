@@ -79,7 +79,9 @@ class ExportError(CheckpointError):
 
 def clean_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Keys without the prefixes wrappers add: torch.compile's `_orig_mod.` anywhere,
-    and DDP's `module.` when every key starts with it. Never a name a user chose."""
+    and DDP's `module.` when every key starts with it. Never a name a user chose.
+    (torch's `consume_prefix_in_state_dict_if_present` strips a prefix from the keys
+    that start with it: neither one mid-key nor only when every key has it.)"""
     cleaned = {key.replace(COMPILED, ""): value for key, value in state_dict.items()}
     if cleaned and all(key.startswith("module.") for key in cleaned):
         cleaned = {key.removeprefix("module."): value for key, value in cleaned.items()}

@@ -136,7 +136,9 @@ def run_directory(trainer: Trainer) -> Path | None:
 
 
 def is_first_process() -> bool:
-    """Whether this is global rank 0 (or a process that is not part of a launched job)."""
+    """Whether this is global rank 0 (or a process that is not part of a launched job).
+    (Before the Trainer sets it, Lightning's `rank_zero_only.rank` reads no NODE_RANK: the
+    first process of node 1 under Lightning's own launcher would pass as rank 0.)"""
     ranks = ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")
     return all(os.environ.get(name, "0") == "0" for name in ranks)
 
