@@ -26,6 +26,7 @@ FILES = {
         "Dockerfile",
         ".dockerignore",
         "tests/kit/test_cluster.py",
+        "docs/cluster.md",
     ],
     "ci": [".github"],
     "license": ["LICENSE"],
@@ -58,7 +59,7 @@ def next_steps() -> str:
 Rendered {SLUG}/ ({EXAMPLE} example). Next:
 
     cd {SLUG}
-    pip install torch          # first, the build for your machine (README.md, Install)
+    pip install torch          # first, the build for your machine (docs/install.md)
     pip install -e ".[dev]"
     {SLUG} fit
     pytest

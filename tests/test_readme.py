@@ -1,4 +1,5 @@
-"""Every shell command of both READMEs runs as written, on a fresh render.
+"""Every shell command of both READMEs (and the rendered docs/ pages) runs as written,
+on a fresh render.
 
 Each command of a ```bash block must match one rule below, which says how the
 test runs it: as written, or with a stated adaptation (the torch build is the
@@ -38,6 +39,15 @@ def commands_of(readme: str) -> list[str]:
             if line and not line.startswith("#"):
                 commands.append(line)
     return commands
+
+
+def docs_commands(project: Path) -> list[str]:
+    """The commands of a render's README, then of each docs/ page in the order its table
+    links them (a reader's order), each once."""
+    readme = (project / "README.md").read_text()
+    pages = dict.fromkeys(re.findall(r"\(docs/([\w-]+)\.md\)", readme))
+    texts = [readme, *((project / "docs" / f"{page}.md").read_text() for page in pages)]
+    return list(dict.fromkeys(command for text in texts for command in commands_of(text)))
 
 
 def server(command: str, url: str) -> str:
@@ -216,8 +226,7 @@ CKPT = {r"\$CKPT": "export CKPT=$(ls logs/version_*/checkpoints/best-*.ckpt | he
 @pytest.mark.slow
 def test_every_command_of_the_rendered_readme(tmp_path):
     project = render(tmp_path)
-    readme = (project / "README.md").read_text()
-    out = run_script(script_for(commands_of(readme), RENDERED_RULES, CKPT), cwd=project)
+    out = run_script(script_for(docs_commands(project), RENDERED_RULES, CKPT), cwd=project)
     assert "usage: my-lightning-project <command>" in out and "  export " in out
     assert (project / "predictions.csv").is_file() and (project / "model.pt").is_file()
     assert (project / "model.pt2").is_file() and (project / "model.onnx").is_file()
@@ -228,8 +237,8 @@ def test_every_command_of_the_rendered_readme(tmp_path):
 def test_the_mlflow_readme_commands(tmp_path):
     """The commands only the MLflow render has: the full MLflow, and its UI over the runs."""
     project = render(tmp_path, logger="mlflow", example="minimal")
-    default = set(commands_of((render(tmp_path / "default") / "README.md").read_text()))
-    own = [c for c in commands_of((project / "README.md").read_text()) if c not in default]
+    default = set(docs_commands(render(tmp_path / "default")))
+    own = [c for c in docs_commands(project) if c not in default]
     assert own == [
         'pip install "mlflow>=3,<4"',
         "MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri mlruns",
@@ -278,8 +287,7 @@ def test_commands_are_read_from_every_bash_block():
 def test_every_rendered_and_template_command_has_exactly_one_rule(tmp_path):
     renders = ({}, {"logger": "mlflow"}, {"logger": "wandb"}, {"logger": "csv", "cluster": False})
     for index, answers in enumerate(renders):
-        readme = (render(tmp_path / str(index), **answers) / "README.md").read_text()
-        for command in commands_of(readme):
+        for command in docs_commands(render(tmp_path / str(index), **answers)):
             how(command, RENDERED_RULES)
     for command in commands_of((TEMPLATE / "README.md").read_text()):
         how(command, TEMPLATE_RULES)

@@ -97,12 +97,17 @@ def expected_files(package: str, answers: dict) -> set[str]:
     )
     support = "__init__ batches fits models processes project readers"
     configs = "accumulate ddp debug default fsdp gpu profile sweep"
+    docs = (
+        "install train resume configure gpus bench sweeps doctor troubleshooting testing updates"
+        " defaults"
+    )
     files = {
         ".gitignore",
         ".pre-commit-config.yaml",
         "README.md",
         "pyproject.toml",
         *(f"configs/{name}.yaml" for name in configs.split()),
+        *(f"docs/{name}.md" for name in docs.split()),
         *(f"src/{package}/{name}.py" for name in users.split()),
         *(f"src/{package}/kit/{name}.py" for name in kit.split()),
         *(f"tests/{name}.py" for name in users_tests.split()),
@@ -118,6 +123,7 @@ def expected_files(package: str, answers: dict) -> set[str]:
             "Dockerfile",
             ".dockerignore",
             "tests/kit/test_cluster.py",
+            "docs/cluster.md",
         }
     if answers["ci"]:
         files |= {".github/workflows/ci.yml", ".github/workflows/template-update.yml"}
@@ -236,16 +242,22 @@ def test_only_the_chosen_logger_is_configured_and_installed(rendered):
     assert all(f'"{c}"' in cli for c in ("MLFlowLogger", "WandbLogger"))
 
 
+def docs_of(project: Path) -> str:
+    """The README and every page of docs/, as one text."""
+    pages = [project / "README.md", *sorted((project / "docs").glob("*.md"))]
+    return "\n".join(page.read_text(encoding="utf-8") for page in pages)
+
+
 def test_readme_mentions_only_what_was_chosen(rendered):
     answers, project = rendered
     chosen = {**DEFAULTS, **answers}
-    readme = (project / "README.md").read_text(encoding="utf-8")
+    readme = docs_of(project)
     assert ("TensorBoard" in readme) == (chosen["logger"] == "tensorboard")
     assert ("metrics.csv" in readme) == (chosen["logger"] == "csv")
     assert ("MLflow" in readme) == (chosen["logger"] == "mlflow")
     assert ("Weights & Biases" in readme) == (chosen["logger"] == "wandb")
     for word in (
-        "## Scaling out",
+        "# Scaling out",
         "scripts/torchrun.sh",
         "slurm.sbatch",
         "pytorchjob.yaml",
@@ -341,9 +353,31 @@ def test_python_files_compile_and_name_is_kept(rendered):
     assert ast.get_docstring(init) == answers.get("project_name", "My Lightning Project")
 
 
+def test_the_readme_links_every_page_and_every_reference_resolves(rendered):
+    """The README's table links each docs/ page; each `docs/<page>.md` that the docs,
+    the code, the configs and the scripts name is in the render."""
+    _, project = rendered
+    readme = (project / "README.md").read_text(encoding="utf-8")
+    pages = {path.relative_to(project).as_posix() for path in (project / "docs").glob("*.md")}
+    assert pages and set(re.findall(r"\((docs/[\w-]+\.md)\)", readme)) == pages
+    named = {
+        f"{path.relative_to(project)}: {reference}"
+        for path in project.rglob("*")
+        if path.is_file() and path.suffix in (".md", ".py", ".yaml", ".yml", ".sh", ".sbatch")
+        for reference in re.findall(r"\bdocs/[\w-]+\.md", path.read_text(encoding="utf-8"))
+        if reference not in pages
+    }
+    assert not named, sorted(named)
+    # The first screen reaches your own model: the Project and the three files.
+    first = "\n".join(readme.splitlines()[:80])
+    assert "PROJECT = Project(" in first and all(
+        name in first for name in ("model.py", "data.py", "project.py")
+    )
+
+
 def test_readme_mentions_only_the_chosen_example(rendered):
     answers, project = rendered
-    readme = (project / "README.md").read_text(encoding="utf-8")
+    readme = docs_of(project)
     if answers.get("example") == "minimal":
         assert "synthetic regression" in readme and "val/acc" not in readme
     else:
@@ -376,7 +410,8 @@ def test_rendering_twice_is_identical(tmp_path):
 def test_template_readme_and_ci_run_the_same_test_command():
     root = Path(__file__).resolve().parents[1]
     readme = (root / "README.md").read_text()
-    assert "bash scripts/demo.sh" in readme and "bash scripts/test.sh" in readme
+    first = "\n".join(readme.splitlines()[:30])  # the two commands, on the first screen
+    assert "bash scripts/demo.sh" in first and "bash scripts/test.sh" in first
     assert "scripts/test.sh" in (root / ".ci" / "run").read_text()
     assert "bash scripts/test.sh" in (root / ".github" / "workflows" / "ci.yml").read_text()
 

@@ -23,6 +23,11 @@ SIGKILL = "tests/kit/test_faults.py::test_resume_after_sigkill_continues_from_th
 # A sweep on a lower-is-better metric; one continued after a kill, in the logger's own runs.
 SHORT_SWEEP = "tests/kit/test_sweep.py::test_a_short_sweep_completes_prunes_and_reports"
 STOPPED_SWEEP = "tests/kit/test_sweep.py::test_a_stopped_sweep_continues_its_study"
+# Exact resumes of another model and data: a run killed (twice), one stopped in-process.
+RESUMES = [
+    "tests/kit/test_resume.py::test_a_killed_run_resumes_exactly_from_its_newest_checkpoint",
+    "tests/kit/test_resume.py::test_an_in_process_fit_stopped_and_resumed_is_exact",
+]
 # An evaluation logged into the run it evaluates; a resume past a damaged last.ckpt.
 INTO_ITS_RUN = "tests/kit/test_cli.py::test_validate_and_test_the_best_checkpoint_into_its_run"
 DAMAGED_NEWEST = (
@@ -44,7 +49,7 @@ SUITES = {
     "minimal-csv-no-cluster-no-ci-no-license": (
         {"example": "minimal", "logger": "csv", "cluster": False, "ci": False, "license": "none"},
         EVERY,
-        ["tests/kit/test_cli.py", SIGKILL, SHORT_SWEEP, "tests/kit/test_resume.py"],
+        ["tests/kit/test_cli.py", SIGKILL, SHORT_SWEEP, *RESUMES],
     ),
     "digits-mlflow": (
         {"logger": "mlflow"},

@@ -2,12 +2,12 @@
 
 It hands the kit the project that project.py describes. `doctor` is dispatched
 before Lightning or your code is imported, so it works (and is fast) even when
-an install is broken; `export`, `sweep`, `repeat` and `bench` have their own
-small parsers (`sweep`, `repeat` and `bench` answer `--help` before Lightning is
-imported); fit, validate, test and predict are the Lightning CLI.
+an install is broken; `export`, `sweep`, `repeat` and `bench` (TOOLS) have their
+own small parsers; fit, validate, test and predict are the Lightning CLI.
 """
 
 import difflib
+import importlib
 import sys
 
 COMMANDS = {
@@ -21,6 +21,12 @@ COMMANDS = {
     "repeat": "the same fit over --seeds N or --folds K: the metric's mean, sd and 95% CI",
     "bench": "where a training step's time goes here, and what to change first",
 }
+
+
+# The kit's tools, each run by the kit module of its name (`main(argv, project)`); its
+# `parser` answers `--help` before the project is imported (and, but for export's,
+# before Lightning is).
+TOOLS = ("export", "sweep", "repeat", "bench")
 
 
 def project():
@@ -62,34 +68,11 @@ def main(argv: list[str] | None = None) -> int:
 
         # The project (and with it Lightning) is imported only for `doctor --memory`.
         return doctor(words[1:], command=f"{command()} doctor", project=project)
-    if first == "sweep" and any(word in ("-h", "--help") for word in words[1:]):
-        from .kit.sweep import parser
-
-        parser(command()).parse_known_args(words[1:])  # prints the help and exits
-    if first == "export":
-        from .kit.export import main as export
-
-        return with_project(export, words[1:])
-    if first == "sweep":
-        from .kit.sweep import main as sweep
-
-        return with_project(sweep, words[1:])
-    if first == "repeat" and any(word in ("-h", "--help") for word in words[1:]):
-        from .kit.repeat import parser as repeat_parser
-
-        repeat_parser(command()).parse_known_args(words[1:])  # prints the help and exits
-    if first == "repeat":
-        from .kit.repeat import main as repeat
-
-        return with_project(repeat, words[1:])
-    if first == "bench" and any(word in ("-h", "--help") for word in words[1:]):
-        from .kit.bench import parser as bench_parser
-
-        bench_parser(command()).parse_known_args(words[1:])  # prints the help and exits
-    if first == "bench":
-        from .kit.bench import main as bench
-
-        return with_project(bench, words[1:])
+    if first in TOOLS:
+        tool = importlib.import_module(f"{__package__}.kit.{first}")
+        if any(word in ("-h", "--help") for word in words[1:]):
+            tool.parser(command()).parse_known_args(words[1:])  # prints the help and exits
+        return with_project(tool.main, words[1:])
     if first not in COMMANDS and not first.startswith("-"):
         close = difflib.get_close_matches(first, COMMANDS, n=1)
         guess = f" (did you mean '{close[0]}'?)" if close else ""

@@ -71,7 +71,7 @@ class DigitsDataModule(SplitDataModule):
     Images are raw pixel values (0..16) in float32, shape (1, 8, 8); the model
     normalises them. The split is 70/15/15, fixed by `split_seed`. With
     `from_files`, the digits are written once to `data_dir` as one file each and
-    read per item, so loader workers have work to do (the guide's lesson 3.1).
+    read per item, so loader workers have work to do.
     """
 
     def __init__(
@@ -118,7 +118,7 @@ class DigitsDataModule(SplitDataModule):
             dataset = TensorDataset(pixels, torch.tensor(labels))
         return split_dataset(dataset, self.sizes, self.hparams.split_seed)
 {%- else -%}
-"""The data: the guide's toy regression set, `y = x @ w + noise`, made from a seed.
+"""The data: a toy regression set, `y = x @ w + noise`, made from a seed.
 
 Yours to replace. `SplitDataModule` (the kit) gives batch size, loader workers,
 pinned memory and a predict split; return your own datasets from `make_splits()`

@@ -129,7 +129,7 @@ from torch import nn
 
 
 class MLP(nn.Module):
-    """The guide's toy network: Linear, ReLU, Linear."""
+    """A toy network: Linear, ReLU, Linear."""
 
     def __init__(self, in_features: int = 16, hidden: int = 32, out_features: int = 1):
         super().__init__()

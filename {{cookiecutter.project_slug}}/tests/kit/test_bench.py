@@ -71,7 +71,7 @@ def given(**changes) -> Figures:
         ),
     ],
 )
-def test_the_verdict_follows_from_the_figures_in_the_guides_order(figures, kind, named):
+def test_the_verdict_follows_from_the_figures_in_the_tuning_order(figures, kind, named):
     found, advice = verdict(figures)
     assert (found, named in advice) == (kind, True), advice
 

@@ -270,7 +270,8 @@ def test_no_deprecation_warning_of_lightning_reaches_the_console(workdir):
     assert noise == []
 
 
-def test_readme_commands_name_the_real_configs():
-    readme = (PROJECT_ROOT / "README.md").read_text(encoding="utf-8")
+def test_the_docs_name_the_real_configs():
+    pages = [PROJECT_ROOT / "README.md", *sorted((PROJECT_ROOT / "docs").glob("*.md"))]
+    docs = "\n".join(page.read_text(encoding="utf-8") for page in pages)
     for path in CONFIGS.glob("*.yaml"):
-        assert f"configs/{path.name}" in readme, path.name
+        assert f"configs/{path.name}" in docs, path.name

@@ -16,7 +16,7 @@ from {{ cookiecutter.package_name }}.kit.machine import free_port
 
 Model = PROJECT.model
 
-# Each guide error as torch, CUDA or Lightning words it, and the hint it must get.
+# Each classic error as torch, CUDA or Lightning words it, and the hint it must get.
 REAL_MESSAGES = [
     ("CUDA out of memory. Tried to allocate 512.00 MiB", "CUDA out of memory"),
     (
@@ -68,13 +68,13 @@ def test_unknown_errors_get_no_hint():
     assert explain(KeyError("val/acc")) is None
 
 
-def test_readme_table_is_the_hint_table():
-    readme = (PROJECT_ROOT / "README.md").read_text(encoding="utf-8")
+def test_the_troubleshooting_table_is_the_hint_table():
+    readme = (PROJECT_ROOT / "docs" / "troubleshooting.md").read_text(encoding="utf-8")
     section = re.search(r"<!-- hints:start -->\n(.*?)\n<!-- hints:end -->", readme, re.DOTALL)
-    assert section, "README.md lost its troubleshooting table markers"
-    table = markdown_table(SCRIPT)  # the command as the README names it
+    assert section, "docs/troubleshooting.md lost its table markers"
+    table = markdown_table(SCRIPT)  # the command as the docs name it
     assert section.group(1) == table, (
-        "README.md's troubleshooting table differs from hints.HINTS; regenerate it with "
+        "docs/troubleshooting.md's table differs from hints.HINTS; regenerate it with "
         f"`python -m {PROJECT.package}.kit.hints {SCRIPT}`"
     )
     assert len(table.splitlines()) == len(HINTS) + 2

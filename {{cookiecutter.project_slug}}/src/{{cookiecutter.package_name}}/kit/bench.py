@@ -16,7 +16,7 @@ the flags after `--` (any flag of `fit`):
 (c) the full loop: `fit` as configured: samples/s, the share of step time
     spent waiting for data, and the host time each step adds above (b).
 
-Then one verdict, in the guide's tuning order (`verdict`): data-bound, host-
+Then one verdict, in the usual tuning order (`verdict`): data-bound, host-
 bound, memory, or compute-bound, naming the flags to try. (b) and (c) are
 timed by the kit's TrainingHealth (its device clock on CUDA); (a) by `clock`.
 Nothing is written: no run directory, no checkpoint.
@@ -110,7 +110,7 @@ class Figures:
 
 
 def verdict(figures: Figures) -> tuple[str, str]:
-    """(kind, what to do) from the figures alone, in the guide's order: data, then the
+    """(kind, what to do) from the figures alone, in the tuning order: data, then the
     step's compute (host-bound, then memory), then compute-bound."""
     f = figures
     on_cuda = f.device.startswith("cuda")

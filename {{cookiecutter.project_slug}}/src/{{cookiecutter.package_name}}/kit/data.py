@@ -1,6 +1,6 @@
 """Loader settings from the machine, and a DataModule built from named splits.
 
-Loader settings follow the guide (3.1): worker processes so the accelerator never
+Loader settings: worker processes so the accelerator never
 waits on Python, pinned memory when batches go to a CUDA device, and workers
 kept alive between epochs. `SplitDataModule` resolves each one at `setup` from
 the machine and the Trainer unless you set it (`--data.num_workers 4`,

@@ -1,6 +1,6 @@
 """`<command> doctor`: what is wrong with this machine for training, and the fix.
 
-It checks the chain the guide describes: NVIDIA driver -> CUDA runtime -> the
+It checks the chain: NVIDIA driver -> CUDA runtime -> the
 CUDA version torch was built with -> the devices torch can see. It imports
 torch but never Lightning, so it still answers when Lightning's install is
 broken, and it answers fast.

@@ -546,9 +546,9 @@ def load_network(path: str | Path, project: Project) -> nn.Module:
     return network.eval()
 
 
-def main(argv: list[str] | None, project: Project) -> int:
+def parser(command: str = "<command>") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=f"{project.command} export",
+        prog=f"{command} export",
         description="Write the trained network of a checkpoint: a plain state_dict (.pt), a"
         " torch.export program (.pt2) or an ONNX model (.onnx), checked before it is written.",
     )
@@ -561,9 +561,14 @@ def main(argv: list[str] | None, project: Project) -> int:
     )
     parser.add_argument("--rtol", type=float, default=RTOL, help=f"(default: {RTOL})")
     parser.add_argument("--atol", type=float, default=ATOL, help=f"(default: {ATOL})")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None, project: Project) -> int:
+    command_line = parser(project.command)
+    args = command_line.parse_args(argv)
     if args.rtol < 0 or args.atol < 0:
-        parser.error("--rtol and --atol must be 0 or more")
+        command_line.error("--rtol and --atol must be 0 or more")
     try:
         output = export(
             args.ckpt_path, args.output, project, args.format, rtol=args.rtol, atol=args.atol

@@ -2,7 +2,7 @@
 
 Also `--compile.enabled true`, which compiles the network with torch.compile.
 
-Mixed precision is the first speed-up worth having on a GPU (the guide, 6.1):
+Mixed precision is the first speed-up worth having on a GPU:
 bf16 where the card has it (Ampere and newer), since it keeps float32's range
 and needs no gradient scaler; fp16 with a scaler on older cards; full float32
 on the CPU, where autocast rarely pays. What counts is the accelerator the run

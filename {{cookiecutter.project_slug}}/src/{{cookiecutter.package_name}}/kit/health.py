@@ -1,6 +1,6 @@
 """`TrainingHealth`: is the accelerator busy, or waiting for data?
 
-It follows the guide's tuning order (data first, then compute, then memory,
+It follows the usual tuning order (data first, then compute, then memory,
 then parallelism): at the end of fit, and every `every_n_steps` if asked, rank
 0 reports samples per second, the share of step time spent waiting for the
 next batch (over every step but the first, which counts the FLOPs), a training

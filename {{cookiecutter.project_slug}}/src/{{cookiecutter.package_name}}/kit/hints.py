@@ -1,7 +1,7 @@
 """What the classic GPU-training errors mean, and what to do next.
 
 `HINTS` is the one table: the CLI prints the matching entry after a traceback,
-and the README's troubleshooting table is generated from it
+and the troubleshooting table of docs/troubleshooting.md is generated from it
 (`python -m <package>.kit.hints <command>` prints it; a test keeps them equal).
 Plain Python: no Lightning import, so it works when Lightning's install does not.
 """
@@ -28,7 +28,7 @@ def keep_context(error: BaseException, context: dict[str, Any]) -> None:
 
 @dataclass(frozen=True)
 class Hint:
-    symptom: str  # what the error says, as the README shows it
+    symptom: str  # what the error says, as the docs show it
     pattern: str  # regex over "ExceptionType: message" and its causes
     meaning: str
     causes: tuple[str, ...]  # most likely first
@@ -285,7 +285,7 @@ def explain(
 
 
 def markdown_table(command: str = COMMAND) -> str:
-    """The README's troubleshooting table: symptom -> cause -> fix."""
+    """The troubleshooting table (docs/troubleshooting.md): symptom -> cause -> fix."""
     rows = ["| symptom | likely cause | fix |", "| --- | --- | --- |"]
     for hint in HINTS:
         cause = "; ".join(hint.causes)
