@@ -22,6 +22,7 @@ from conftest import env_without_mlflow_uri, python, render, run
 REPLACEMENTS = Path(__file__).parent / "replacements"
 USER_FILES = ("project.py", "model.py", "data.py")
 RESUME = "tests/kit/test_resume.py"
+STOPPED_MID_EPOCH = "test_with_any_loader_workers_a_run_stopped_mid_epoch_resumes_exactly"
 # Each problem: the project name it is rendered under, and, beyond the quick tests,
 # the slow kit tests that put its traits to work.
 PROBLEMS = {
@@ -45,12 +46,14 @@ PROBLEMS = {
         ],
     ),
     # PNG files written by prepare_data, read by loader workers, augmented from torch's,
-    # NumPy's and Python's generators: exact resumes after SIGTERM and SIGKILL mid-epoch,
-    # with no workers and with two; bench writes nothing of its own beside the data.
+    # NumPy's and Python's generators: exact resumes after SIGTERM mid-epoch with no
+    # workers (the main process draws) and after SIGKILL with two (the workers draw, and
+    # end with their run); bench writes nothing of its own beside the data.
     "images": (
         "Shape Lab",
         [
-            f"{RESUME}::test_with_any_loader_workers_a_run_stopped_mid_epoch_resumes_exactly",
+            f"{RESUME}::{STOPPED_MID_EPOCH}[SIGTERM-no workers]",
+            f"{RESUME}::{STOPPED_MID_EPOCH}[SIGKILL-2 workers]",
             "tests/kit/test_bench.py::test_bench_measures_the_project_and_writes_nothing",
         ],
     ),

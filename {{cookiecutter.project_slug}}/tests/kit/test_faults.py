@@ -163,6 +163,8 @@ def test_two_seeded_deterministic_runs_are_identical(tmp_path, monkeypatch):
                 "fit",
                 "--trainer.deterministic=true",
                 "--trainer.max_epochs=2",
+                "--trainer.limit_train_batches=4",  # two epochs of a few steps each
+                "--trainer.limit_val_batches=2",
                 "--trainer.enable_progress_bar=false",
                 "--trainer.logger=false",
             ]
