@@ -1,5 +1,6 @@
 """Render the template into temporary folders and look at what came out."""
 
+import itertools
 import os
 import subprocess
 import sys
@@ -41,8 +42,9 @@ def longest_first(items: list, workers: int) -> list:
     for worker in range(workers):
         size = left // (workers - worker)  # as worksteal slices what is left
         mine = long[worker::workers]
-        ordered += mine + [next(rest) for _ in range(size - len(mine))]
-        left -= size
+        mine += itertools.islice(rest, max(0, size - len(mine)))
+        ordered += mine
+        left -= len(mine)
     return ordered + list(rest)
 
 

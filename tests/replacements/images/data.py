@@ -90,21 +90,8 @@ class ShapeImages(Dataset):
 class ShapesDataModule(SplitDataModule):
     """600 images of circles, squares and triangles, split 70/15/15 by `split_seed`."""
 
-    def __init__(
-        self,
-        batch_size: int = 64,
-        num_workers: int | None = None,
-        pin_memory: bool | None = None,
-        split_seed: int = 42,
-        predict_split: str = "test",
-        on_device: bool | None = None,
-        fold: int = 0,
-        folds: int = 1,
-        data_dir: str = "data/shapes",
-    ):
-        super().__init__(
-            batch_size, num_workers, pin_memory, split_seed, predict_split, on_device, fold, folds
-        )
+    def __init__(self, data_dir: str = "data/shapes", **kwargs):
+        super().__init__(**kwargs)
 
     def prepare_data(self) -> None:
         write_images(Path(self.hparams.data_dir))

@@ -76,31 +76,13 @@ class DigitsDataModule(SplitDataModule):
 
     def __init__(
         self,
-        batch_size: int = 64,
-        num_workers: int | None = None,
-        pin_memory: bool | None = None,
-        split_seed: int = 42,
-        predict_split: str = "test",
-        on_device: bool | None = None,
-        fold: int = 0,
-        folds: int = 1,
-        seed_samples: bool = True,
         val_fraction: float = 0.15,
         test_fraction: float = 0.15,
         from_files: bool = False,
         data_dir: str = "data/digits",
+        **kwargs,  # SplitDataModule's: batch_size, num_workers, split_seed, ... (--help lists them)
     ):
-        super().__init__(
-            batch_size,
-            num_workers,
-            pin_memory,
-            split_seed,
-            predict_split,
-            on_device,
-            fold,
-            folds,
-            seed_samples,
-        )
+        super().__init__(**kwargs)
         self.sizes = split_sizes(NUM_SAMPLES, val_fraction, test_fraction)
 
     def prepare_data(self) -> None:
@@ -136,32 +118,14 @@ class SyntheticRegressionDataModule(SplitDataModule):
 
     def __init__(
         self,
-        batch_size: int = 64,
-        num_workers: int | None = None,
-        pin_memory: bool | None = None,
-        split_seed: int = 42,
-        predict_split: str = "test",
-        on_device: bool | None = None,
-        fold: int = 0,
-        folds: int = 1,
-        seed_samples: bool = True,
         num_samples: int = 4096,
         in_features: int = 16,
         noise: float = 0.1,
         val_fraction: float = 0.15,
         test_fraction: float = 0.15,
+        **kwargs,  # SplitDataModule's: batch_size, num_workers, split_seed, ... (--help lists them)
     ):
-        super().__init__(
-            batch_size,
-            num_workers,
-            pin_memory,
-            split_seed,
-            predict_split,
-            on_device,
-            fold,
-            folds,
-            seed_samples,
-        )
+        super().__init__(**kwargs)
         self.sizes = split_sizes(num_samples, val_fraction, test_fraction)
 
     def make_splits(self) -> dict[str, Dataset]:

@@ -6,6 +6,7 @@ Kit test: the fit runs whatever model and data `project.py` names.
 """
 
 import logging
+from datetime import timedelta
 from types import SimpleNamespace
 
 import torch
@@ -26,6 +27,7 @@ from {{ cookiecutter.package_name }}.kit.callbacks import (
     format_environment,
     torch_build,
 )
+from {{ cookiecutter.package_name }}.kit.checkpoints import BestAndLast
 from {{ cookiecutter.package_name }}.kit.console import Summary, TQDMBar, TrainLoss
 from {{ cookiecutter.package_name }}.kit.doctor import cuda_devices
 from {{ cookiecutter.package_name }}.kit.health import TrainingHealth
@@ -245,3 +247,13 @@ def test_the_cli_trainer_calls_three_callbacks_a_step_and_profiles_nothing(workd
         pass
     cli = main(["--trainer.logger=false", "--trainer.profiler=simple"], run=False)
     assert type(cli.trainer.profiler) is SimpleProfiler
+
+
+def test_step_and_time_triggers_save_beside_the_epochs_saves():
+    """Lightning's ModelCheckpoint stops saving at epochs' ends once a step or time
+    trigger is set; the kit's saves `last` at those and still at every epoch's end."""
+    assert BestAndLast().every_n_epochs == 1
+    assert BestAndLast(every_n_train_steps=5).every_n_epochs == 1
+    assert BestAndLast(train_time_interval=timedelta(minutes=9)).every_n_epochs == 1
+    assert BestAndLast(every_n_train_steps=5, every_n_epochs=2).every_n_epochs == 2
+    assert BestAndLast(every_n_epochs=0).every_n_epochs == 0  # as Lightning's, when asked

@@ -257,15 +257,20 @@ def test_an_epoch_resumed_from_its_state_continues_with_the_next_batch(kind):
     # Interrupted after 2 batches of epoch 1: the order is (seed, epoch)'s, whatever
     # the global random state, and the skipped batches are not read.
     resumed = make(seed=123)
-    resumed.load_state_dict({"seed": 7, "epoch": 1, "batches": 2, "finished": False})
+    resumed.resume_at(seed=7, epoch=1, batches=2)
     torch.manual_seed(99)
     assert [b[1].tolist() for b in resumed] == epochs[1][2:]
     assert [b[1].tolist() for b in resumed] == epochs[2]  # and the next epoch in full
     assert len(resumed) == 6
-    # Stopped at an epoch's end: the next one starts.
+    # Resumed at an epoch's start: that epoch in full.
     ended = make(seed=0)
-    ended.load_state_dict({"seed": 7, "epoch": 0, "batches": 6, "finished": True})
+    ended.resume_at(seed=7, epoch=1, batches=0)
     assert [b[1].tolist() for b in ended] == epochs[1]
+    # Told its epoch as Lightning tells a sampler (a loader made anew each epoch): its order.
+    told = make(7)
+    told.sampler.set_epoch(2)
+    assert [b[1].tolist() for b in told] == epochs[2]
+    assert [b[1].tolist() for b in told] not in epochs  # then epoch 3: counted on from it
 
 
 def test_sliced_batches_under_ddp_are_each_ranks_own_shard_reshuffled_every_epoch():
@@ -284,7 +289,7 @@ def test_sliced_batches_under_ddp_are_each_ranks_own_shard_reshuffled_every_epoc
     # A rank resumed mid-epoch continues its own shard of that epoch's order.
     sampler = DistributedSampler(data, num_replicas=2, rank=1, shuffle=True, seed=3)
     loader = SlicedLoader(data, batch_size=3, sampler=sampler)
-    loader.load_state_dict({"seed": 0, "epoch": 1, "batches": 1, "finished": False})
+    loader.resume_at(seed=0, epoch=1, batches=1)
     assert held(loader) == seen[1, 1][3:]
 
 
@@ -385,7 +390,7 @@ def test_a_samples_random_draws_depend_on_the_sample_and_the_epoch_alone():
 def test_an_augmented_epoch_resumed_mid_way_draws_what_it_would_have(workers):
     uninterrupted = epochs_of(augmented(workers))
     resumed = augmented(workers, seed=123)
-    resumed.load_state_dict({"seed": 7, "epoch": 1, "batches": 2, "finished": False})
+    resumed.resume_at(seed=7, epoch=1, batches=2)
     torch.manual_seed(99)  # another global state: it does not matter
     assert torch.equal(torch.cat(list(resumed)), uninterrupted[1][8:])
 

@@ -10,7 +10,6 @@ import importlib
 import inspect
 import os
 import signal
-from datetime import timedelta
 from importlib.metadata import version
 
 import pytest
@@ -22,6 +21,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from support import PROJECT, main, quiet_trainer
+from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from {{ cookiecutter.package_name }}.kit import internals
@@ -108,20 +108,6 @@ def test_the_checkpoint_accessors(fitted):
     assert internals.skips_saving(checkpoint, trainer) is False  # step 4 is not saved now
 
 
-def test_the_save_triggers():
-    assert internals.save_triggers(ModelCheckpoint()) == (0, 1, None)
-    steps = ModelCheckpoint(every_n_train_steps=5)
-    assert internals.save_triggers(steps) == (5, 0, None)  # no saves at epochs' ends
-    internals.set_save_triggers(steps, 0, 1, None)
-    assert internals.save_triggers(steps) == (0, 1, None) and steps.every_n_epochs == 1
-    interval = timedelta(minutes=30)
-    assert internals.save_triggers(ModelCheckpoint(train_time_interval=interval)) == (
-        0,
-        0,
-        interval,
-    )
-
-
 def test_the_logger_accessors(tmp_path):
     logger = CSVLogger(tmp_path)
     assert internals.open_experiment(logger) is None  # nothing started by asking
@@ -145,36 +131,25 @@ class StopsAt(Callback):
             internals.request_stop(trainer)
 
 
-class StatefulLoader(DataLoader):
-    """A DataLoader Lightning saves a state for, which records the states it is given."""
+class CountsIterations(DataLoader):
+    """A DataLoader that counts the iterators made of it."""
 
     def __init__(self):
         super().__init__(TensorDataset(torch.randn(8, 2)), batch_size=1)
-        self.loaded = []
+        self.iterations = 0
 
-    def state_dict(self):
-        return {"mark": 7}
-
-    def load_state_dict(self, state):
-        self.loaded.append(state)
+    def __iter__(self):
+        self.iterations += 1
+        return super().__iter__()
 
 
-class ReadsSteppingBatches(Tiny):
-    def configure_optimizers(self):
-        assert self.trainer.estimated_stepping_batches == 16
-        return super().configure_optimizers()
-
-
-class AtTrainStart(Callback):
-    """What the resume accessors say as training starts, then the restart they ask for."""
-
-    def __init__(self):
-        self.unused = None
+class RestartsAtTrainStart(Callback):
+    """Makes the training iteration again as training starts, counting the iterators."""
 
     def on_train_start(self, trainer, pl_module):
-        self.unused = internals.loader_states_unused(trainer)
-        if self.unused:
-            internals.restart_train_iteration(trainer, load_states=True)
+        self.before = trainer.train_dataloader.iterations
+        internals.restart_train_iteration(trainer)
+        self.after = trainer.train_dataloader.iterations
 
 
 def plain_trainer(tmp_path, *callbacks: Callback) -> Trainer:
@@ -227,17 +202,12 @@ def test_the_stop_check_runs_before_the_step_starts_broadcast(tmp_path):
         trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor()
 
 
-@pytest.mark.parametrize("module", [Tiny, ReadsSteppingBatches])
-def test_the_loader_states_a_resume_did_not_give_are_given_again(tmp_path, module):
-    stopped = tmp_path / "stopped.ckpt"
-    with pytest.raises(SIGTERMException):
-        plain_trainer(tmp_path, StopsAt(2, stopped)).fit(module(), StatefulLoader())
-    probe, resumed = AtTrainStart(), StatefulLoader()
-    plain_trainer(tmp_path, probe).fit(module(), resumed, ckpt_path=stopped)
-    # Lightning #20550: reading estimated_stepping_batches in configure_optimizers sets
-    # the loaders up before the checkpoint is read, and their states stay unused.
-    assert probe.unused is (module is ReadsSteppingBatches)
-    assert resumed.loaded == [{"mark": 7}]  # given once, by Lightning or by the restart
+def test_the_training_iteration_can_be_made_again_as_training_starts(tmp_path):
+    probe = RestartsAtTrainStart()
+    trainer = plain_trainer(tmp_path, probe)
+    trainer.fit(Tiny(), CountsIterations())
+    assert (probe.before, probe.after) == (1, 2)  # Lightning's first, then the one made again
+    assert trainer.train_dataloader.iterations == 3 and trainer.global_step == 16  # 2 epochs
 
 
 @pytest.mark.parametrize("workers", [0, 1])
@@ -289,13 +259,43 @@ def test_each_overridden_private_method_is_as_written(where, name):
     assert parameters == internals.OVERRIDDEN[where][name]
 
 
+def test_torch_compile_is_seen_through_and_seen():
+    network = nn.Linear(2, 2)
+    assert internals.uncompiled(torch.compile(network)) is network
+    assert internals.uncompiled(network) is network
+    assert not internals.is_compiled(network)
+    network.compile()  # in place: the module stays itself
+    assert internals.is_compiled(network) and internals.is_compiled(nn.Sequential(network))
+
+
+def test_fake_tensors_and_the_memory_tracker():
+    network, batch = nn.Linear(64, 64), torch.randn(32, 64)
+    tracker, kinds = internals.memory_tracker()
+    with tracker:
+        network(batch).square().sum().backward()
+    peak = tracker.get_tracker_snapshot("peak")
+    assert sum(device.get(kind, 0) for device in peak.values() for kind in kinds) > 0
+    with internals.fake_tensor_mode() as mode:
+        fake = mode.from_tensor(batch)
+        out = network(fake)  # real weights turn fake as they enter the op
+    assert type(out).__name__ == "FakeTensor" and out.shape == (32, 64)
+
+
+def test_optunas_heartbeat_and_trial_table():
+    from optuna.storages import RDBStorage
+
+    assert issubclass(RDBStorage, internals.optuna_heartbeat())
+    table = internals.optuna_trial_table()
+    assert table.__tablename__ == "trials" and hasattr(table, "state")
+
+
 def test_the_releases_checked_on_are_the_ones_installed():
     """The private names above were checked on CHECKED_ON's releases: another release
     installed (a patch of torch aside) is named here, to check them on and update it."""
     checked = internals.CHECKED_ON
-    assert set(checked) == {"lightning", "jsonargparse", "torch"}
+    assert set(checked) == {"lightning", "jsonargparse", "torch", "optuna"}
     # torch's local build tag (+cpu, +cu130) and patch number are not a new release here.
-    parts = {"lightning": 3, "jsonargparse": 3, "torch": 2}
+    parts = {"lightning": 3, "jsonargparse": 3, "torch": 2, "optuna": 2}
     release = {
         name: ".".join(version(name).split("+")[0].split(".")[:n]) for name, n in parts.items()
     }

@@ -5,7 +5,6 @@ and names configs/fsdp.yaml exactly when DDP does not fit and FSDP does.
 Kit test: the estimate runs on whatever model and data `project.py` names.
 """
 
-import inspect
 import json
 import math
 import re
@@ -21,6 +20,7 @@ from {{ cookiecutter.package_name }}.kit import doctor, footprint, memory
 from {{ cookiecutter.package_name }}.kit.callbacks import format_environment, memory_facts
 from {{ cookiecutter.package_name }}.kit.footprint import Param, PerRank, per_rank, shard_numel
 from {{ cookiecutter.package_name }}.kit.memory import Gpu
+from {{ cookiecutter.package_name }}.kit.spec import init_parameters
 
 # nn.Linear(1000, 1000): 1,000,000 weights + 1,000 biases = 1,001,000 parameters.
 LINEAR = 1_001_000
@@ -197,7 +197,7 @@ def test_doctor_memory_json_has_the_figures_in_bytes(capsys):
 
 
 def test_flags_after_the_separator_configure_the_run_as_fit_would(capsys):
-    if "batch_size" not in inspect.signature(PROJECT.datamodule).parameters:
+    if "batch_size" not in init_parameters(PROJECT.datamodule):
         pytest.skip("the DataModule takes no batch_size")
     args = ["--memory", "--json", "--precision", "32-true", "--", "--data.batch_size", "3"]
     assert doctor.main(args, project=PROJECT) == 0

@@ -30,6 +30,7 @@ from torch.utils.data import ConcatDataset, Dataset, TensorDataset
 from {{ cookiecutter.package_name }}.kit.data import SplitDataModule, fold_splits, split_dataset
 from {{ cookiecutter.package_name }}.kit.repeat import main as repeat
 from {{ cookiecutter.package_name }}.kit.repeat import parse, summary, t_quantile, takes_folds
+from {{ cookiecutter.package_name }}.kit.spec import init_parameters
 
 # One short epoch a run: the repeat is under test here, not the model.
 SHORT = [
@@ -61,6 +62,24 @@ def folding_project():
     if not issubclass(PROJECT.datamodule, SplitDataModule):
         pytest.skip(f"{PROJECT.datamodule.__name__} takes no fold and folds")
     return replace(PROJECT, datamodule=FoldingData)
+
+
+class Base:
+    def __init__(self, fold: int = 0, folds: int = 1): ...
+
+
+class PassesThemOn(Base):
+    def __init__(self, size: int = 3, **kwargs):
+        super().__init__(**kwargs)
+
+
+class KeepsThem(Base):
+    def __init__(self, size: int = 3): ...
+
+
+def test_a_datamodule_takes_folds_through_its_kwargs():
+    assert init_parameters(PassesThemOn) == {"size", "fold", "folds"}
+    assert takes_folds(PassesThemOn) and takes_folds(Base) and not takes_folds(KeepsThem)
 
 
 def read_csv(path: Path) -> list[dict]:

@@ -160,6 +160,7 @@ def test_with_any_loader_workers_a_run_stopped_mid_epoch_resumes_exactly(
         assert not still_alive(workers_seen, within=10), "loader workers outlived their run"
     resumed = run_forked("fit", "--ckpt_path=last", *FLAGS, *flags, cwd=workdir)
     assert "resume:" not in resumed.stderr  # nothing to say: it is exact
+    assert "not resumable" not in resumed.stderr  # nor Lightning's guess that it is not
     assert_same_run(workdir, uninterrupted)
 
 

@@ -240,7 +240,8 @@ class Bench:
 
         from .callbacks import find_callback, loader_facts
         from .data import TensorBatches
-        from .health import TrainingHealth, batch_length, is_compiled
+        from .health import TrainingHealth, batch_length
+        from .internals import is_compiled
 
         extra = [f"--data.batch_size={batch_size}"] if batch_size not in (None, "auto") else []
         found = False

@@ -26,6 +26,7 @@ import threading
 import time
 import zipfile
 from collections.abc import Callable, Iterable
+from datetime import timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -48,9 +49,7 @@ from .internals import (
     note_saved,
     on_sigterm_in_fit,
     request_stop,
-    save_triggers,
     saves_at_train_epoch_end,
-    set_save_triggers,
     skips_saving,
 )
 from .runs import continue_run, is_first_process, run_candidates
@@ -356,17 +355,22 @@ class BestAndLast(ModelCheckpoint):
 
     _last_before: str | None = None  # last_model_path while `last` is being saved
     best_epoch: int | None = None  # the epoch the best checkpoint was saved in
-    _mid_epoch: tuple[int, Any] = (0, None)  # (every_n_train_steps, train_time_interval)
     _last_time = 0.0  # when the time trigger last fired
     clock: Callable[[], float] = staticmethod(time.monotonic)
 
-    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        super().setup(trainer, pl_module, stage)
-        steps, epochs, interval = save_triggers(self)
-        if steps or interval is not None:
-            _ = self.state_key  # the key of the settings as given, kept for the run
-            self._mid_epoch = (steps, interval)
-            set_save_triggers(self, 0, epochs or 1, None)
+    def __init__(
+        self,
+        *args: Any,
+        every_n_train_steps: int | None = None,
+        train_time_interval: timedelta | None = None,
+        **kwargs: Any,
+    ) -> None:
+        # ModelCheckpoint's arguments; its step and time triggers are kept here, and
+        # Lightning's saves at epochs' ends go on beside them.
+        self._mid_epoch = (every_n_train_steps or 0, train_time_interval)
+        if every_n_train_steps or train_time_interval is not None:
+            kwargs["every_n_epochs"] = kwargs.get("every_n_epochs") or 1
+        super().__init__(*args, **kwargs)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         super().on_train_start(trainer, pl_module)

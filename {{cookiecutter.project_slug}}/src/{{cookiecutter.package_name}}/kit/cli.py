@@ -100,13 +100,16 @@ LOGGER_ENVIRONMENT = {
 ABSOLUTE_SAVE_DIR = {"MLFlowLogger": "mlruns", "WandbLogger": "."}
 
 
-# What Lightning's own code warns about under newer torch and jsonargparse releases,
-# and its model summary's note on mixed precision: nothing a user can act on.
 # What Lightning prints to sell a service, not about the run (a line's start).
 ADVERTS = ("💡 Tip:",)
+# What Lightning's own code warns about under newer torch and jsonargparse releases,
+# and its model summary's note on mixed precision: nothing a user can act on. Its
+# warning on a mid-epoch resume, which takes loaders without `state_dict` to resume
+# inexactly: the kit's ResumeState resumes its loaders, and says which it cannot.
 LIBRARY_NOISE = (
     r"`isinstance\(treespec, LeafSpec\)` is deprecated",
     r"Precision .* is not supported by the model summary",
+    r"You're resuming from a checkpoint that ended before the epoch ended",
 )
 
 

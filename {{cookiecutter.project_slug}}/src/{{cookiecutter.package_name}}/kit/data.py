@@ -23,7 +23,7 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
@@ -279,6 +279,15 @@ class _Skipping:
         return max(0, len(self._sampler()) - self.loader._skip)
 
 
+class EpochRandomSampler(RandomSampler):
+    """A RandomSampler told its epoch, as Lightning tells a DistributedSampler."""
+
+    epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+
 class ResumableLoader(DataLoader):
     """A DataLoader that a checkpoint taken mid-epoch resumes exactly: the same
     order, from the next batch, the same random augmentation. A drop-in for
@@ -302,13 +311,10 @@ class ResumableLoader(DataLoader):
     Why not torchdata's StatefulDataLoader: it re-implements the DataLoader's
     iterators for each torch release, adds a dependency, does not cover the
     kit's device-resident `SlicedLoader`, and counts the batch Lightning has
-    prefetched as trained. Here the epoch and the count of batches trained
-    are Lightning's own (`fit_loop`, which the kit's `ResumeState` sets).
+    prefetched as trained. Here the epoch is the one Lightning gives the sampler
+    (`set_epoch`), else counted, and the kit's `ResumeState` saves the batches
+    trained from Lightning's own count, and gives them back with `resume_at`.
     """
-
-    # The running fit's loop (set by the kit's ResumeState for the length of a fit):
-    # the epoch an iteration belongs to and the batches trained are its counts.
-    fit_loop: ClassVar[Any] = None
 
     def __init__(
         self,
@@ -334,7 +340,7 @@ class ResumableLoader(DataLoader):
         if given.get("shuffle") and given.get("sampler") is None:
             # The order's own generator: the workers' seed is drawn from the loader's
             # only when its iterator is made, not at each epoch of persistent workers.
-            given["sampler"], given["shuffle"] = RandomSampler(dataset, generator=order), None
+            given["sampler"], given["shuffle"] = EpochRandomSampler(dataset, generator=order), None
         if given.get("generator") is None:
             given["generator"] = torch.Generator()
         then = given.get("worker_init_fn")
@@ -345,29 +351,23 @@ class ResumableLoader(DataLoader):
         self.seed = torch.initial_seed() if seed is None else seed
         self.seed_samples = seed_samples
         self.epoch = -1  # the epoch of the current iteration
-        self._loaded: tuple[int, int] | None = None  # (epoch, batches to skip) from a checkpoint
+        self._resume: tuple[int, int] | None = None  # (epoch, batches to skip)
+        self._told: int | None = None  # the sampler's epoch as this loader left it
         self._skip = 0
 
-    def state_dict(self) -> dict[str, int]:
-        done, finished = 0, False
-        if self.fit_loop is not None:
-            progress = self.fit_loop.epoch_loop.batch_progress
-            done = progress.current.processed
-            finished = bool(progress.is_last_batch) and done == progress.current.ready
-        return {"seed": self.seed, "epoch": self.epoch, "batches": done, "finished": finished}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.seed = int(state["seed"])
-        epoch, done = int(state["epoch"]), int(state["batches"])
-        self._loaded = (epoch + 1, 0) if state.get("finished") else (epoch, done)
+    def resume_at(self, seed: int, epoch: int, batches: int) -> None:
+        """Start the next iteration `batches` batches into `epoch`, in `seed`'s order:
+        where a checkpoint stopped."""
+        self.seed, self._resume = seed, (epoch, batches)
 
     def _start_epoch(self) -> int:
         """Seed this iteration's order; returns the batches of it to skip."""
         skip = 0
-        if self._loaded is not None:  # the epoch a checkpoint stopped in
-            (self.epoch, skip), self._loaded = self._loaded, None
-        elif self.fit_loop is not None:  # the fit's epoch (also when resumed at an epoch's end)
-            self.epoch = self.fit_loop.epoch_progress.current.processed
+        told = getattr(self.sampler, "epoch", None)  # Lightning's set_epoch, each epoch
+        if self._resume is not None:  # the epoch a checkpoint stopped in
+            (self.epoch, skip), self._resume = self._resume, None
+        elif told is not None and told != self._told:
+            self.epoch = told
         else:
             self.epoch += 1
         # Distinct streams per (seed, epoch): SplitMix64's increment apart.
@@ -377,6 +377,7 @@ class ResumableLoader(DataLoader):
         set_epoch = getattr(self.sampler, "set_epoch", None)
         if callable(set_epoch):  # before the order is drawn (Lightning sets it after)
             set_epoch(self.epoch)
+        self._told = getattr(self.sampler, "epoch", None)
         return skip
 
     @property

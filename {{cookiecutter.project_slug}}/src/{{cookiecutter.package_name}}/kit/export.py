@@ -48,8 +48,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from lightning_utilities import apply_to_collection
 from torch import nn
-from torch.utils._pytree import tree_flatten
 
 from .checkpoints import (
     CheckpointError,
@@ -58,6 +58,7 @@ from .checkpoints import (
     check_checkpoint,
     state_dict_mismatch,
 )
+from .internals import uncompiled
 from .sharding import consolidated
 from .spec import BATCH_ONLY, Project, network_of
 
@@ -330,8 +331,9 @@ def reason(error: BaseException) -> str:
 
 def tensors_of(outputs: Any) -> list[torch.Tensor]:
     """Every tensor of a network's outputs (a tensor, tuple, list or dict), in order."""
-    leaves, _ = tree_flatten(outputs)
-    return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+    tensors: list[torch.Tensor] = []
+    apply_to_collection(outputs, torch.Tensor, tensors.append)
+    return tensors
 
 
 def compare(
@@ -535,7 +537,7 @@ def rebuild(exported: dict[str, Any], project: Project) -> nn.Module:
     network: Any = module
     for part in filter(None, exported["attribute"].split(".")):
         network = getattr(network, part)
-    return getattr(network, "_orig_mod", network)
+    return uncompiled(network)
 
 
 def load_network(path: str | Path, project: Project) -> nn.Module:

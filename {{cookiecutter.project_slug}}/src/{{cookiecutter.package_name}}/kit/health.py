@@ -35,6 +35,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from .callbacks import loader_facts
+from .internals import is_compiled
 from .peaks import cuda_peak
 
 MIB = 1024**2
@@ -57,10 +58,6 @@ def peak_flops(device: torch.device, precision: str) -> float | None:
     return cuda_peak(device, compute_dtype(precision))
 
 
-def is_compiled(module: nn.Module) -> bool:
-    return any(getattr(m, "_compiled_call_impl", None) is not None for m in module.modules())
-
-
 def short_number(value: float) -> str:
     """12.3 G, 4.56 T: FLOPs the way people read them."""
     for unit, size in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
@@ -80,6 +77,10 @@ def batch_length(batch: Any) -> int:
     return 0
 
 
+# The BatchNorm layers (a lazy one becomes one of these once it has run).
+BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+
+
 def batchnorm_advice(
     model: nn.Module,
     world_size: int,
@@ -91,7 +92,7 @@ def batchnorm_advice(
 
     Off CUDA there is no SyncBatchNorm to suggest (the CLI already said it is off).
     """
-    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    norms = [m for m in model.modules() if isinstance(m, BATCH_NORMS)]
     if not norms:
         return None
     synced = all(isinstance(m, nn.SyncBatchNorm) for m in norms)

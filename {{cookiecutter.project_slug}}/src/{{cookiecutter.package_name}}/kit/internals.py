@@ -1,4 +1,5 @@
-"""Every use the kit makes of a private name of Lightning, jsonargparse or torch, in one place.
+"""Every private name of Lightning, torch or Optuna the kit uses, in one place (and the
+words of jsonargparse's messages it reads).
 
 Each is something the public API does not offer; each says what it is for and
 the release it was checked on (`CHECKED_ON`). tests/kit/test_internals.py exercises
@@ -15,7 +16,7 @@ from typing import Any
 
 from lightning.pytorch.utilities.model_summary import model_summary
 
-CHECKED_ON = {"lightning": "2.6.6", "jsonargparse": "4.53.0", "torch": "2.13.0"}
+CHECKED_ON = {"lightning": "2.6.6", "jsonargparse": "4.53.0", "torch": "2.13.0", "optuna": "5.1.0"}
 
 # Private methods the kit overrides, by the class that defines them: their names
 # and parameters, as checked on CHECKED_ON's releases.
@@ -32,6 +33,10 @@ OVERRIDDEN = {
     # A continued run appends to its metrics.csv instead of deleting it (kit/runs.py).
     "lightning.fabric.loggers.csv_logs._ExperimentWriter": {
         "_check_log_dir_exists": ("self",),
+    },
+    # A trial whose process is gone fails at once, not after the grace period (kit/sweep.py).
+    "optuna.storages.RDBStorage": {
+        "_get_stale_trial_ids": ("self", "study_id"),
     },
 }
 
@@ -90,22 +95,10 @@ def before_each_step_stop_check(trainer: Any, check: Any) -> None:
     loop._broadcast_sigterm_tensor = checked
 
 
-def loader_states_unused(trainer: Any) -> bool:
-    """Whether the training DataLoader states of the checkpoint being resumed were not
-    given to the loaders: Lightning gives them when it sets the loaders up, which a
-    `configure_optimizers` reading `trainer.estimated_stepping_batches` makes happen
-    before the checkpoint is read (Lightning #20550)."""
-    return bool(trainer.fit_loop._combined_loader_states_to_load)
-
-
-def restart_train_iteration(trainer: Any, load_states: bool) -> None:
-    """Start the training DataLoaders' iteration again (first giving them the checkpoint's
-    states, with `load_states`): what Lightning would have done at the resume."""
-    loop = trainer.fit_loop
-    if load_states:
-        loop._combined_loader._load_state_dicts(loop._combined_loader_states_to_load)
-        loop._combined_loader_states_to_load = []
-    iter(loop._data_fetcher)
+def restart_train_iteration(trainer: Any) -> None:
+    """Make the training DataLoaders' iterators again, as Lightning does at an epoch's start
+    (it made them before the checkpoint's loader positions were known)."""
+    iter(trainer.fit_loop._data_fetcher)
 
 
 def logging_step(trainer: Any) -> int:
@@ -151,18 +144,6 @@ def forget_step_saved(callback: Any, step: int) -> None:
     callback._last_global_step_saved = step
 
 
-def save_triggers(callback: Any) -> tuple[int, int, Any]:
-    """ModelCheckpoint's triggers as it resolved them: (every_n_train_steps,
-    every_n_epochs, train_time_interval); any step or time trigger zeroes the epochs'."""
-    return callback._every_n_train_steps, callback._every_n_epochs, callback._train_time_interval
-
-
-def set_save_triggers(callback: Any, steps: int, epochs: int, interval: Any) -> None:
-    """Set what `save_triggers` reads."""
-    callback._every_n_train_steps, callback._every_n_epochs = steps, epochs
-    callback._train_time_interval = interval
-
-
 # Loggers -------------------------------------------------------------------------
 
 
@@ -180,6 +161,55 @@ def set_experiment(logger: Any, experiment: Any) -> None:
     """Give a logger its experiment (a writer of the kit's), or None to drop a finished
     one so that the next use starts another."""
     logger._experiment = experiment
+
+
+# torch -------------------------------------------------------------------------------
+
+
+def uncompiled(module: Any) -> Any:
+    """The module `torch.compile(module)` wrapped (its OptimizedModule's only handle on it
+    is `_orig_mod`), or the module itself."""
+    return getattr(module, "_orig_mod", module)
+
+
+def is_compiled(module: Any) -> bool:
+    """Whether `module.compile()` compiled it or a submodule in place: no public mark says so."""
+    return any(getattr(m, "_compiled_call_impl", None) is not None for m in module.modules())
+
+
+def fake_tensor_mode() -> Any:
+    """torch's FakeTensorMode (shapes, no memory, no compute), taking real tensors too (they
+    turn fake as they enter an op): what torch.export traces with; no public name has it."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def memory_tracker() -> tuple[Any, tuple[Any, ...]]:
+    """torch's MemTracker (a step's memory by module and kind of tensor), and the kinds that
+    are the step's own: activations, temporaries and the batch (its "other")."""
+    from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+
+    return MemTracker(), (_MemRefType.ACT, _MemRefType.TEMP, _MemRefType.OTH)
+
+
+# Optuna ------------------------------------------------------------------------------
+
+
+def optuna_heartbeat() -> type:
+    """Optuna's heartbeat interface: a storage with it has its dead trials failed by the
+    study (`fail_stale_trials`); its journal storage lacks it, and the sweep's adds it."""
+    from optuna.storages._heartbeat import BaseHeartbeat
+
+    return BaseHeartbeat
+
+
+def optuna_trial_table() -> type:
+    """The table RDBStorage keeps trials in: on SQLite, whose transactions lock no row, the
+    sweep writes a trial's row before it reads it, to hold the write lock."""
+    from optuna.storages._rdb.models import TrialModel
+
+    return TrialModel
 
 
 # The CLI -----------------------------------------------------------------------------

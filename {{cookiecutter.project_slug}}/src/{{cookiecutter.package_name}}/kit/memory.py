@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
+from lightning_utilities import apply_to_collection
 from torch import nn
 from torch.nn.modules.module import (
     register_module_forward_hook,
@@ -53,6 +54,7 @@ from .footprint import (
     params_of,
     per_rank,
 )
+from .internals import fake_tensor_mode, memory_tracker
 
 GIB = 1024**3
 # Modules built under `with META:` (a torch.device is a context manager) hold meta
@@ -310,10 +312,8 @@ def measured_step(model: nn.Module, batch: Any) -> list[Backward]:
 def _tracked_peak(model: nn.Module, batch: Any, step: Callable, autocast: torch.dtype | None):
     """Activations, temporaries and the batch at the peak of forward + backward, as
     MemTracker's snapshot of that moment has them (bytes, on the step's device)."""
-    from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
-
     model.train()
-    tracker = MemTracker()
+    tracker, kinds = memory_tracker()  # kinds: activations, temporaries, the batch
     tracker.track_external(model, *_tensors(batch))
 
     # MemTracker refuses a module called again outside any other module's forward (a
@@ -344,20 +344,17 @@ def _tracked_peak(model: nn.Module, batch: Any, step: Callable, autocast: torch.
         for hook in hooks:
             hook.remove()
     snapshot = tracker.get_tracker_snapshot("peak")
-    kinds = (_MemRefType.ACT, _MemRefType.TEMP, _MemRefType.OTH)  # OTH: the batch
     return sum(device.get(kind, 0) for device in snapshot.values() for kind in kinds)
 
 
 def _tensors(batch: Any) -> list[torch.Tensor]:
-    from torch.utils._pytree import tree_flatten
-
-    return [t for t in tree_flatten(batch)[0] if isinstance(t, torch.Tensor)]
+    tensors: list[torch.Tensor] = []
+    apply_to_collection(batch, torch.Tensor, tensors.append)
+    return tensors
 
 
 def _map_tensors(fn: Callable[[torch.Tensor], Any], batch: Any) -> Any:
-    from torch.utils._pytree import tree_map_only
-
-    return tree_map_only(torch.Tensor, fn, batch)
+    return apply_to_collection(batch, torch.Tensor, fn)
 
 
 @dataclass
@@ -403,12 +400,10 @@ def measure_activations(
 
 
 def _fake_peak(model, batch, step, weights, autocast) -> int:
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    # allow_non_fake_inputs: to_empty copies the meta weights, and a model may hold
+    # Real tensors allowed: to_empty copies the meta weights, and a model may hold
     # real constant tensors; both become fake as they enter an op.
     model = _meta_copy(model, weights)  # (outside the mode: fake tensors do not deep-copy)
-    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+    with fake_tensor_mode() as mode:
         model = model.to_empty(device="cpu")
         fake = _map_tensors(lambda t: _on_cpu(mode.from_tensor(t), t, weights), batch)
         return _tracked_peak(model, fake, step, autocast)

@@ -20,13 +20,13 @@ and 95 % confidence interval (Student's t) in one line.
 
 import argparse
 import csv
-import inspect
 import math
 import statistics
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .spec import init_parameters
 from .stopping import SweepError
 from .sweep import Sweep, TrialFailed, optuna_missing, retried, run, shown, table
 
@@ -102,7 +102,7 @@ def parse(argv: list[str], command: str = "<command>") -> tuple[argparse.Namespa
 
 def takes_folds(datamodule: type) -> bool:
     """Whether a DataModule class can be cut into folds: its __init__ takes fold and folds."""
-    return {"fold", "folds"} <= set(inspect.signature(datamodule).parameters)
+    return {"fold", "folds"} <= init_parameters(datamodule)
 
 
 def t_quantile(p: float, df: int) -> float:

@@ -5,13 +5,11 @@ the loops' counters and each callback's state. `ResumeState` adds the rest:
 
 - each rank's random states (Python, NumPy, torch, and CUDA on the rank's own
   device), restored just before the first step after the resume;
-- the position of the training DataLoader, through Lightning's own support for
-  stateful loaders (a loader with `state_dict`/`load_state_dict` is saved in
-  the checkpoint): the kit's `ResumableLoader` resumes its epoch at the next
-  batch of the same order, each sample drawing the same random augmentation
-  (its draws are seeded by the sample and the epoch). ResumeState lends it the
-  fit's loop for the length of a fit, whose counts of epochs and batches
-  trained are the ones to resume.
+- the position of each training `ResumableLoader`: its seed, its epoch and the
+  batches of it trained (Lightning's count, not the loader's, which is ahead
+  by the batch Lightning prefetched). On resume the loader starts again there
+  (`resume_at`): the next batch of the same order, each sample drawing the
+  same random augmentation (its draws are seeded by the sample and the epoch).
 
 With `seed_everything` on the CPU, an interrupted and resumed run then ends
 with the same weights as an uninterrupted one, bit for bit. Where that cannot
@@ -30,7 +28,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from .callbacks import train_loaders
 from .data import ResumableLoader, is_in_memory
-from .internals import loader_states_unused, restart_train_iteration
+from .internals import restart_train_iteration
 
 
 def random_states(device: torch.device | None = None) -> dict[str, Any]:
@@ -62,10 +60,25 @@ def set_random_states(states: Mapping[str, Any], device: torch.device | None = N
         torch.cuda.set_rng_state(states["cuda"], device)
 
 
+def positions(trainer: Trainer) -> list[dict[str, int] | None]:
+    """Where each training ResumableLoader resumes: its seed, epoch and the batches of it
+    trained (the next epoch's start once its last batch was)."""
+    progress = trainer.fit_loop.epoch_loop.batch_progress
+    done = progress.current.processed
+    finished = bool(progress.is_last_batch) and done == progress.current.ready
+    epoch, batches = (1, 0) if finished else (0, done)
+    return [
+        {"seed": loader.seed, "epoch": loader.epoch + epoch, "batches": batches}
+        if isinstance(loader, ResumableLoader)
+        else None
+        for loader in train_loaders(trainer)
+    ]
+
+
 class ResumeState(Callback):
-    """Each rank's random states in the checkpoint, restored on resume; the fit's loop
-    lent to ResumableLoader; one line at the start of a resume for each reason it
-    cannot be exact."""
+    """Each rank's random states and the training loaders' positions in the checkpoint,
+    restored on resume; one line at the start of a resume for each reason it cannot
+    be exact."""
 
     def __init__(self) -> None:
         self._trainer: Trainer | None = None
@@ -73,12 +86,6 @@ class ResumeState(Callback):
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._trainer = trainer  # state_dict() is called without it
-        if stage == "fit":
-            ResumableLoader.fit_loop = trainer.fit_loop
-
-    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if stage == "fit":
-            ResumableLoader.fit_loop = None
 
     def state_dict(self) -> dict[str, Any]:
         trainer = self._trainer
@@ -91,7 +98,7 @@ class ResumeState(Callback):
             torch.distributed.all_gather_object(every, mine)  # every rank saves together
         else:
             every = [mine]
-        return {"world_size": world, "random_states": every}
+        return {"world_size": world, "random_states": every, "loaders": positions(trainer)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._pending = dict(state_dict) if state_dict else None
@@ -104,15 +111,14 @@ class ResumeState(Callback):
         if not trainer.ckpt_path:
             return
         loaders = train_loaders(trainer)
-        loop = trainer.fit_loop
-        if loop.restarting and loader_states_unused(trainer):
-            restart_train_iteration(trainer, load_states=True)
-        elif not loop.restarting and any(
-            isinstance(loader, ResumableLoader)
-            and loader.epoch != loop.epoch_progress.current.processed
-            for loader in loaders
-        ):  # set up before the restore, for the epoch it then did not know
-            restart_train_iteration(trainer, load_states=False)
+        saved = (self._pending or {}).get("loaders") or []
+        moved = False
+        for loader, position in zip(loaders, saved, strict=False):
+            if isinstance(loader, ResumableLoader) and position:
+                loader.resume_at(**position)
+                moved = True
+        if moved:  # Lightning made the loaders' iterators before: make them again
+            restart_train_iteration(trainer)
         for line in self.inexact(trainer, loaders):
             rank_zero_info(f"resume: {line}")
 
@@ -132,7 +138,7 @@ class ResumeState(Callback):
                 f" with {saved['world_size']} processes (devices x nodes) to make it exact"
             )
         for loader in loaders:
-            if not (
+            if not isinstance(loader, ResumableLoader) and not (
                 callable(getattr(loader, "state_dict", None)) and hasattr(loader, "load_state_dict")
             ):
                 lines.append(

@@ -137,6 +137,16 @@ def command_of(package: str) -> str:
     return f"python -m {package}"
 
 
+def init_parameters(cls: type) -> set[str]:
+    """The arguments a class takes as the CLI reads them: its `__init__`'s, and its bases'
+    that a `**kwargs` passes on (jsonargparse follows it)."""
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser()
+    parser.add_class_arguments(cls, "init")
+    return {key.partition(".")[2] for key in parser.get_defaults().keys()}
+
+
 def checkout_of(package: str) -> Path:
     """The folder the package's source sits in, two levels up (`src/<package>/`)."""
     spec = importlib.util.find_spec(package)
@@ -148,9 +158,10 @@ def network_of(module: "nn.Module", attribute: str | None = None) -> tuple[str, 
     """(attribute, network): the submodule the project names (`Project.network`), else
     the module's only child with weights ("" and the module itself when there are
     several). torch.compile's wrapper is looked through."""
+    from .internals import uncompiled  # (imports Lightning: not before a fit needs it)
+
     if attribute:
-        network = submodule(module, attribute, "network")
-        return attribute, getattr(network, "_orig_mod", network)
+        return attribute, uncompiled(submodule(module, attribute, "network"))
     weighted = [
         (name, child)
         for name, child in module.named_children()
@@ -158,5 +169,5 @@ def network_of(module: "nn.Module", attribute: str | None = None) -> tuple[str, 
     ]
     if len(weighted) == 1:
         name, child = weighted[0]
-        return name, getattr(child, "_orig_mod", child)
+        return name, uncompiled(child)
     return "", module

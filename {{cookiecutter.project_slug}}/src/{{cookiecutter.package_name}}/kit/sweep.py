@@ -343,13 +343,16 @@ def open_storage(url: str, on_stale):
 def _storage_classes():
     """The storages the sweep uses: Optuna's, each failing dead trials at once."""
     from optuna.storages import RDBStorage
-    from optuna.storages._heartbeat import BaseHeartbeat
-    from optuna.storages._rdb.models import TrialModel
     from optuna.storages.journal import JournalStorage
     from optuna.trial import TrialState
 
+    from .internals import optuna_heartbeat, optuna_trial_table
+
+    BaseHeartbeat, TrialModel = optuna_heartbeat(), optuna_trial_table()
+
     class FailGone:
-        # Optuna waits out the grace period even for a process known to be gone.
+        # Optuna waits out the grace period even for a process known to be gone
+        # (a private method: internals.OVERRIDDEN).
         def _get_stale_trial_ids(self, study_id: int) -> list[int]:
             stale = super()._get_stale_trial_ids(study_id)
             for trial in self.get_all_trials(study_id, False, states=(TrialState.RUNNING,)):
