@@ -13,9 +13,11 @@ Two layers, imports running one way (tests/kit/test_imports.py holds them):
                callbacks, console, checkpoints, runs, resume, sharding, data,
                health, peaks, footprint, hardware, hints, predict, machine, internals
 
-The core never imports a tool, nor Optuna or ONNX: a fit loads none of them.
+The core never imports a tool, nor Optuna or ONNX: a fit loads none of them, and
+sharding and hints only for an FSDP run and a failure.
 
-    spec         Project: everything the kit may ask of your code, each with its default
+    spec         Project: everything the kit may ask of your code, each with its default;
+                 the `--fsdp.*` options
     cli          the Lightning CLI with the kit's callbacks and the project's defaults
     callbacks    the environment report, the context the error hints keep, the kit's
                  callbacks as one
@@ -32,7 +34,7 @@ The core never imports a tool, nor Optuna or ONNX: a fit loads none of them.
     hints        what the classic errors mean, printed after a traceback
     predict      `predict` writes any predict_step output as CSV rows
     machine      the torch build and the GPUs, for the doctor and the report
-    internals    every private name of Lightning, jsonargparse and torch the kit uses
+    internals    every private name of Lightning, torch and Optuna the kit uses
     export       `export`: the trained network, loadable without the checkpoint
     sweep        `sweep`: an Optuna study over fit's flags, its storage and workers
     trial        one trial of a sweep: a fit with its flags, pruned on the metric

@@ -24,13 +24,21 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
 from .footprint import human, params_of, per_rank
-from .hints import keep_context
 from .machine import build_name, cuda_devices
 
 
 def torch_build() -> str:
     """What this torch was compiled for: 'CUDA 12.4', 'ROCm 6.1' or 'CPU-only'."""
     return build_name(torch.version.cuda, getattr(torch.version, "hip", None))
+
+
+def keep_context(error: BaseException, context: dict[str, Any]) -> None:
+    """Keep what the hints quote (batch size, precision, devices, where the tensors
+    were) with the error itself; what an earlier account said wins over this one."""
+    try:
+        error.run_context = {**context, **getattr(error, "run_context", {})}  # type: ignore[attr-defined]
+    except AttributeError:  # an exception type that takes no attributes
+        pass
 
 
 def train_loaders(trainer: Trainer) -> list[Any]:

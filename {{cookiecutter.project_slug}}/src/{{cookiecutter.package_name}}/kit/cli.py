@@ -42,6 +42,7 @@ from .callbacks import (
     FailureContext,
     KitCallbacks,
     NoProfiler,
+    keep_context,
 )
 from .checkpoints import (
     AtomicCheckpointIO,
@@ -65,7 +66,6 @@ from .hardware import (
     use_tensor_cores,
 )
 from .health import TrainingHealth
-from .hints import explain, keep_context
 from .internals import wrong_type
 from .machine import free_port
 from .predict import PredictionWriter
@@ -82,8 +82,7 @@ from .runs import (
     run_directory,
     run_of_checkpoint,
 )
-from .sharding import FSDP2Strategy, FSDPOptions, consolidated
-from .spec import ConfigError, Project
+from .spec import ConfigError, FSDPOptions, Project
 
 # What each logger needs from the environment before it starts (a variable the
 # user set wins): MLflow 3 refuses its local file store unless asked (a folder
@@ -374,6 +373,8 @@ class ProjectCLI(LightningCLI):
                     " it with --fsdp.enabled true (or --config configs/fsdp.yaml)"
                 )
             # Without the sharded strategy, Lightning reads one file: the shards, joined.
+            from .sharding import consolidated  # (like FSDP2Strategy: only a sharded run's)
+
             config["ckpt_path"] = str(consolidated(checkpoint))
         if subcommand not in ("validate", "test"):
             return
@@ -448,6 +449,8 @@ class ProjectCLI(LightningCLI):
                     f"fsdp.enabled with trainer.strategy={config['strategy']!r}: FSDP is the"
                     " strategy; leave trainer.strategy out (configs/fsdp.yaml does)"
                 )
+            from .sharding import FSDP2Strategy
+
             project = self.project
             config["strategy"] = FSDP2Strategy(options, project.wrap, project.shard_blocks)
         manual = getattr(self.model, "automatic_optimization", True) is False
@@ -583,6 +586,8 @@ def _failed(error: Exception, command: str) -> int:
     """The traceback in full, the error, and the hint for it if there is one; exit code 1."""
     traceback.print_exception(error)
     print(f"{_rank()}failed: {type(error).__name__}: {error}", file=sys.stderr)
+    from .hints import explain  # (only a failure reads them)
+
     hint = explain(error, command=command)
     if hint:
         print(hint, file=sys.stderr)

@@ -17,15 +17,6 @@ from typing import Any
 COMMAND = "<command>"
 
 
-def keep_context(error: BaseException, context: dict[str, Any]) -> None:
-    """Keep what the hints quote (batch size, precision, devices, where the tensors
-    were) with the error itself; what an earlier account said wins over this one."""
-    try:
-        error.run_context = {**context, **getattr(error, "run_context", {})}  # type: ignore[attr-defined]
-    except AttributeError:  # an exception type that takes no attributes
-        pass
-
-
 @dataclass(frozen=True)
 class Hint:
     symptom: str  # what the error says, as the docs show it

@@ -27,7 +27,6 @@ marker is never resumed from; `export` and `test` consolidate the shards.
 import fnmatch
 import shutil
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,31 +46,9 @@ from .checkpoints import (
 )
 from .internals import DCP_METADATA, dcp_load_full, dcp_save
 from .runs import is_first_process
-from .spec import ConfigError, units_of
+from .spec import ConfigError, FSDPOptions, units_of
 
 CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
-
-
-@dataclass
-class FSDPOptions:
-    """`--fsdp.*`: fully shard the network over the data-parallel ranks (FSDP2)."""
-
-    enabled: bool = False
-    """Shard parameters, gradients and optimizer state (configs/fsdp.yaml sets it)."""
-    blocks: list[str] | None = None
-    """What to shard one by one: class names or module paths ("layers.*"). None: the
-    project's `shard_blocks`, else every repeated block."""
-    activation_checkpointing: bool = False
-    """Recompute each block's activations in the backward pass: less memory, ~1/3 more compute."""
-    cpu_offload: bool = False
-    """Keep the sharded state in host memory between uses (CUDA only)."""
-    reshard_after_forward: bool = True
-    """Free each block's gathered parameters after its forward (ZeRO-3); false: keep them
-    until the backward (ZeRO-2: faster, more memory)."""
-    data_parallel_size: int | None = None
-    """Ranks that shard the model; None: every rank."""
-    tensor_parallel_size: int = 1
-    """Must be 1: tensor parallelism needs a configure_model of your own."""
 
 
 def consolidate(path: str | Path) -> dict[str, Any]:
