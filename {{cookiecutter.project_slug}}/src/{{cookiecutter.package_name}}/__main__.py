@@ -25,7 +25,8 @@ COMMANDS = {
 
 # The kit's tools, each run by the kit module of its name (`main(argv, project)`); its
 # `parser` answers `--help` before the project is imported (and, but for export's,
-# before Lightning is).
+# before Lightning is). Not one argparse tree of subcommands: it builds every
+# subcommand's parser, importing every tool, to answer any one command.
 TOOLS = ("export", "sweep", "repeat", "bench")
 
 

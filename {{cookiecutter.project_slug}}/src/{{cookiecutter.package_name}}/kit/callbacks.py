@@ -202,7 +202,7 @@ class EnvironmentReport(Callback):
 
 
 class FailureContext(Callback):
-    """Keeps what the error hints quote with the error (`hints.keep_context`): the
+    """Keeps what the error hints quote with the error (`keep_context`): the
     run's settings, and where the module's tensors were when a step failed (before
     Lightning moves them back)."""
 

@@ -244,7 +244,7 @@ def _error_text(error: BaseException) -> str:
 
 
 def kept_context(error: BaseException) -> dict[str, Any]:
-    """What the run kept with the error and those it came from (`keep_context`); the
+    """What the run kept with the error and those it came from (`callbacks.keep_context`); the
     innermost account, nearest the failure, wins."""
     context: dict[str, Any] = {}
     for link in _chain(error):
