@@ -69,11 +69,8 @@ def test_the_wheelhouse_installs_everything_but_torch_and_the_kit_passes_there(t
     kept = run([node, "-c", "import torch; print(torch.__version__)"], cwd=tmp_path)
     assert kept.stdout.strip() == torch.__version__
     package = project.name.replace("-", "_")
-    fit = run(
-        [node, "-m", package, "fit", "--trainer.fast_dev_run=true"],
-        cwd=project,
-        env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")},
-    )
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    fit = run([node, "-m", package, "fit", "--trainer.fast_dev_run=true"], cwd=project, env=env)
     assert "Training health" in fit.stderr
     assert Path(node).parent.joinpath("cookiecutter").exists()
 
@@ -88,7 +85,6 @@ def test_the_wheelhouse_installs_everything_but_torch_and_the_kit_passes_there(t
     (project / "configs" / "mine.yaml").write_text(yaml.safe_dump(mine))
     # Every test module imports there (collected), and the quick tests of what needs the
     # extras run: the CLI and its configs, ONNX export, the Optuna sweep and repeat.
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     pytest = [node, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
     collected = run([*pytest, "--collect-only", "--all"], cwd=project, env=env)
     assert re.search(r"\d+ tests collected", collected.stdout), collected.stdout[-2000:]

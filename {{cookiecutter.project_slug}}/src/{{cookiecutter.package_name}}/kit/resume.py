@@ -66,9 +66,9 @@ def positions(trainer: Trainer) -> list[dict[str, int] | None]:
     progress = trainer.fit_loop.epoch_loop.batch_progress
     done = progress.current.processed
     finished = bool(progress.is_last_batch) and done == progress.current.ready
-    epoch, batches = (1, 0) if finished else (0, done)
+    epochs_on, batches = (1, 0) if finished else (0, done)
     return [
-        {"seed": loader.seed, "epoch": loader.epoch + epoch, "batches": batches}
+        {"seed": loader.seed, "epoch": loader.epoch + epochs_on, "batches": batches}
         if isinstance(loader, ResumableLoader)
         else None
         for loader in train_loaders(trainer)
