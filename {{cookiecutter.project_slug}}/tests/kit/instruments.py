@@ -12,6 +12,12 @@ optimizers by hand takes more optimizer steps (`global_step`) than batches.
   event, rank, world size, epoch, global step, the
   sample indices this rank's sampler yields this epoch, fingerprints of the
   parameters and of the optimizer state, and the schedulers' states;
+- INSTRUMENTS_SAMPLES=<prefix>: at each training batch, append one JSON line to
+  `<prefix>-rank<R>.jsonl` (event "batch"): the rank, the optimizer step it goes
+  into (`global_step`) and a fingerprint of each sample of the batch (its first
+  tensor's row, hashed): which samples each step trained, on every rank;
+- INSTRUMENTS_NO_DROPOUT=1: dropout layers off (p = 0) from the fit's start, for a
+  model whose runs on other numbers of processes can then match;
 - INSTRUMENTS_PAUSE_EPOCH=<n> and INSTRUMENTS_PAUSE_MARKER=<file>: at the start
   of epoch n, rank 0 writes the marker and waits there (for a signal); with
   INSTRUMENTS_PAUSE_FIT=<k>, only in the k-th fit (from 0) this process runs
@@ -25,13 +31,16 @@ optimizers by hand takes more optimizer steps (`global_step`) than batches.
   INSTRUMENTS_KILL_GROUP=1, rank 0 SIGKILLs its whole process group: every rank;
   INSTRUMENTS_KILL_SIGNAL=SIGTERM: SIGTERM instead; with INSTRUMENTS_KILL_STAGGER=1,
   each rank r sends the signal to itself alone, when step s - r starts: a signal
-  that reaches the ranks at different points of a step);
+  that reaches the ranks at different points of a step; with INSTRUMENTS_KILL_RANK=<r>,
+  rank r alone; with INSTRUMENTS_KILL_ATTEMPT=<k>, only in torchrun's k-th start of the
+  workers, from 0);
 - INSTRUMENTS_KILL_SAVE=<k>: the process SIGKILLs itself half-way through writing
   the k-th checkpoint it saves (1 = the first);
 - INSTRUMENTS_FILL=<file> and INSTRUMENTS_FILL_EPOCH=<n>: at the start of epoch n,
   fill the disk of <file> with it, leaving room for half the last checkpoint.
 """
 
+import hashlib
 import io
 import json
 import os
@@ -72,6 +81,10 @@ class Instruments(Callback):
     def on_fit_start(self, trainer, pl_module) -> None:
         self.fit_index = FITS_STARTED[0]
         FITS_STARTED[0] += 1
+        if os.environ.get("INSTRUMENTS_NO_DROPOUT"):
+            for module in pl_module.modules():
+                if isinstance(module, torch.nn.modules.dropout._DropoutNd):
+                    module.p = 0.0
         saves = os.environ.get("INSTRUMENTS_KILL_SAVE")
         if saves:
             kill_during_save(int(saves))
@@ -89,6 +102,7 @@ class Instruments(Callback):
             "global_step": trainer.global_step,
             "batches": trainer.fit_loop.epoch_loop.batch_progress.total.processed,
             "sampler": type(sampler).__name__,
+            "step_samples": getattr(sampler, "step_samples", None),
             "indices": [int(i) for i in sampler] if sampler is not None else None,
             "parameters": parameter_fingerprint(pl_module.state_dict()),
             "optimizers": [optimizer_fingerprint(o.state_dict()) for o in trainer.optimizers],
@@ -122,11 +136,19 @@ class Instruments(Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
         step = trainer.fit_loop.epoch_loop.total_batch_idx  # this batch, from 0
+        samples = os.environ.get("INSTRUMENTS_SAMPLES")
+        if samples:
+            record_samples(f"{samples}-rank{trainer.global_rank}.jsonl", trainer, batch)
         pause = os.environ.get("INSTRUMENTS_PAUSE_STEP")
         if pause and step == int(pause) and trainer.global_rank == 0:
             pause_until_stopped(trainer)
         kill = os.environ.get("INSTRUMENTS_KILL_STEP")
         staggered = bool(os.environ.get("INSTRUMENTS_KILL_STAGGER"))
+        rank, attempt = (os.environ.get(f"INSTRUMENTS_KILL_{k}") for k in ("RANK", "ATTEMPT"))
+        if rank and trainer.global_rank != int(rank):
+            kill = None
+        if attempt and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != attempt:
+            kill = None
         if kill and step == int(kill) - staggered * trainer.global_rank:
             sent = getattr(signal, os.environ.get("INSTRUMENTS_KILL_SIGNAL", "SIGKILL"))
             group = os.environ.get("INSTRUMENTS_KILL_GROUP") and not staggered
@@ -138,6 +160,25 @@ class Instruments(Callback):
         fail = os.environ.get("INSTRUMENTS_FAIL_STEP")
         if rank and trainer.global_rank == int(rank) and step == int(fail):
             raise RuntimeError(f"injected fault on rank {rank} at step {fail}")
+
+
+def first_tensor(batch):
+    """The first tensor of a batch (a tensor, or a tuple, list or dict holding some)."""
+    if torch.is_tensor(batch):
+        return batch
+    values = batch.values() if isinstance(batch, dict) else batch
+    values = values if isinstance(batch, (dict, list, tuple)) else ()
+    return next((t for t in map(first_tensor, values) if t is not None), None)
+
+
+def record_samples(path: str, trainer, batch) -> None:
+    rows = first_tensor(batch).detach().cpu()
+    prints = [
+        hashlib.md5(row.numpy().tobytes()).hexdigest()[:16] for row in rows.reshape(len(rows), -1)
+    ]
+    record = {"event": "batch", "rank": trainer.global_rank, "step": trainer.global_step}
+    with open(path, "a") as file:
+        file.write(json.dumps({**record, "samples": prints}) + "\n")
 
 
 def stop_requested(trainer) -> bool:

@@ -17,13 +17,21 @@ import pytest
 import yaml
 from instruments import read_records
 from support import (
+    DDP,
+    FLAGS,
+    INSTRUMENTS,
+    NO_DROPOUT,
     PROJECT_ROOT,
     SCRIPT,
     SUBPROCESS_TIMEOUT,
+    assert_identical,
+    batches_of,
     cli_env,
     configured,
     failure,
+    load_checkpoint,
     loader_length,
+    reference,
     run_dirs,
 )
 
@@ -93,13 +101,136 @@ def test_torchrun_two_nodes_over_loopback(workdir):
     records = read_records(workdir / "seen")
     assert sorted((r["rank"], r["world_size"]) for r in records) == [(0, 2), (1, 2)]
     rank0, rank1 = (set(r["indices"]) for r in records)
-    assert len(rank0 | rank1) == loader_length(configured(), "train")
-    assert len(rank0 & rank1) <= 1  # an odd count is padded with one repeat
+    left = loader_length(configured(), "train") - len(rank0 | rank1)
+    if records[0]["sampler"] == "GlobalOrder":  # whole steps; what fills none waits
+        assert not rank0 & rank1 and 0 <= left < records[0]["step_samples"]
+    else:  # Lightning's DistributedSampler: an odd count is padded with one repeat
+        assert left == 0 and len(rank0 & rank1) <= 1
     assert "devices 1 x nodes 2 = world size 2" in results[0].stderr
     # One run, one set of checkpoints, written by global rank 0 alone.
     (run,) = run_dirs(workdir)
     names = sorted(p.name for p in (run / "checkpoints").iterdir())
     assert len(names) == 2 and names[0].startswith("best-") and names[1] == "last.ckpt"
+
+
+def assert_ends_as(last: Path, uninterrupted: Path) -> None:
+    """The run that wrote `last` ended where the uninterrupted run did, bit for bit."""
+    (their_run,) = run_dirs(uninterrupted)
+    ours, theirs = load_checkpoint(last), load_checkpoint(their_run / "checkpoints" / "last.ckpt")
+    assert (ours["epoch"], ours["global_step"]) == (theirs["epoch"], theirs["global_step"])
+    for key in ("state_dict", "optimizer_states", "lr_schedulers"):
+        assert_identical(ours[key], theirs[key], key)
+
+
+@pytest.mark.slow
+def test_a_killed_worker_makes_torchrun_restart_the_group_and_the_run_continues(
+    workdir, request, tmp_path_factory
+):
+    """Rank 1 of two is SIGKILLed mid-epoch: torchrun starts both again, and the fit
+    continues its run from its newest checkpoint with no flag given, each rank its own
+    shard, position and random states, to the end of the uninterrupted run, bit for bit."""
+    uninterrupted = reference(request, tmp_path_factory, *DDP)
+    (their_run,) = run_dirs(uninterrupted)
+    steps = batches_of(load_checkpoint(their_run / "checkpoints" / "last.ckpt")) // 2
+    env = {
+        **NO_DROPOUT,  # as the uninterrupted run
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
+        "INSTRUMENTS_KILL_STEP": str(steps * 3 // 2),
+        "INSTRUMENTS_KILL_RANK": "1",
+        "INSTRUMENTS_KILL_ATTEMPT": "0",  # the first start only
+        "INSTRUMENTS_RECORD": str(workdir / "seen"),
+    }
+    command = ["bash", str(TORCHRUN), "--nproc-per-node", "2", "--master-port", str(free_port())]
+    command += ["--", "fit", *FLAGS, DDP[0], "--trainer.accelerator=cpu", INSTRUMENTS]
+    command += ["--checkpoint.every_n_train_steps=2"]
+    result = subprocess.run(
+        command,
+        cwd=workdir,
+        env=cli_env(env),
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT,
+    )
+    assert result.returncode == 0, failure("torchrun.sh", result)
+    assert "torchrun restart 1: continuing the newest run" in result.stderr
+    # Both ranks started again mid-epoch, at the same step (each its shard, its position).
+    starts = {r["rank"]: r["batches"] for r in read_records(workdir / "seen", "train_start")}
+    assert starts[0] == starts[1] and starts[0] % steps
+    (run,) = run_dirs(workdir)  # the same run, continued
+    assert_ends_as(run / "checkpoints" / "last.ckpt", uninterrupted)
+
+
+def slurm_job(folder: Path, env: dict, *flags: str) -> subprocess.CompletedProcess:
+    """scripts/slurm.sbatch run as SLURM runs a job of one node and two tasks: its `srun`
+    starts the two, each with the variables srun sets; `scontrol` records what it is
+    asked in folder/scontrol.log."""
+    fake = folder / "bin"
+    fake.mkdir(exist_ok=True)
+    (fake / "srun").write_text(
+        "#!/usr/bin/env bash\n"
+        "for ((rank = 0; rank < SLURM_NTASKS; rank++)); do\n"
+        '  SLURM_PROCID=$rank SLURM_LOCALID=$rank SLURM_NODEID=0 "$@" &\n'
+        "done\n"
+        "code=0\n"
+        "for pid in $(jobs -p); do wait $pid || code=$?; done\n"
+        "exit $code\n"
+    )
+    (fake / "scontrol").write_text('#!/usr/bin/env bash\necho "$@" >> "$SCONTROL_LOG"\n')
+    for tool in ("srun", "scontrol"):
+        (fake / tool).chmod(0o755)
+    if not (folder / "configs").exists():
+        (folder / "configs").symlink_to(PROJECT_ROOT / "configs")  # the script names configs/
+    slurm = {
+        "SLURM_JOB_ID": "4321",
+        "SLURM_JOB_NAME": "train",
+        "SLURM_JOB_NUM_NODES": "1",
+        "SLURM_NNODES": "1",
+        "SLURM_NTASKS": "2",
+        "SLURM_NTASKS_PER_NODE": "2",
+        "SLURM_NODELIST": "localhost",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "SCONTROL_LOG": str(folder / "scontrol.log"),
+        "PATH": os.pathsep.join([str(fake), str(Path(sys.executable).parent), os.environ["PATH"]]),
+    }
+    return subprocess.run(
+        ["bash", str(SBATCH), *flags],
+        cwd=folder,
+        env=cli_env({**slurm, **env}),
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT,
+    )
+
+
+@pytest.mark.slow
+def test_a_preempted_slurm_job_stops_together_requeues_once_and_continues_exactly(
+    workdir, request, tmp_path_factory
+):
+    """SLURM's SIGUSR1, reaching the two tasks at different steps: both stop at one step,
+    one checkpoint is written, the job is requeued once; the requeued job (the same id,
+    the same command) gets a SIGTERM (a preemption) and stops the same way, without a
+    requeue of its own (SLURM requeues a preempted job); started again, it ends where
+    the uninterrupted run did, bit for bit."""
+    uninterrupted = reference(request, tmp_path_factory, *DDP)
+    (their_run,) = run_dirs(uninterrupted)
+    steps = batches_of(load_checkpoint(their_run / "checkpoints" / "last.ckpt")) // 2
+    flags = (*FLAGS, "--trainer.accelerator=cpu", INSTRUMENTS)
+    log = workdir / "scontrol.log"
+    checkpoints = workdir / "runs" / "slurm-4321"
+    for sent, step, requeues in (("SIGUSR1", steps // 2, 1), ("SIGTERM", steps * 3 // 2, 1)):
+        stop = {"INSTRUMENTS_KILL_STEP": str(step), "INSTRUMENTS_KILL_STAGGER": "1"}
+        job = slurm_job(workdir, {**NO_DROPOUT, **stop, "INSTRUMENTS_KILL_SIGNAL": sent}, *flags)
+        assert job.returncode == 143, failure(f"slurm.sbatch ({sent})", job)
+        (saved,) = workdir.rglob("interrupted.ckpt")  # one checkpoint, whole
+        assert step <= batches_of(load_checkpoint(saved)) <= step + 1  # both at one step
+        assert not list(workdir.rglob("*.partial")) and not list(checkpoints.rglob("hpc_*"))
+        assert log.read_text().splitlines() == ["requeue 4321"] * requeues
+        assert job.stderr.count("resume with `fit --ckpt_path last`") == 2  # each task
+    job = slurm_job(workdir, NO_DROPOUT, *flags)
+    assert job.returncode == 0, failure("slurm.sbatch", job)
+    (last,) = workdir.rglob("last.ckpt")
+    assert_ends_as(last, uninterrupted)
 
 
 def test_torchrun_script_refuses_bad_counts(tmp_path):
@@ -126,7 +257,7 @@ def sbatch_options(script: Path = SBATCH) -> dict[str, str]:
 def test_slurm_script_is_valid_bash_and_preemptible():
     subprocess.run(["bash", "-n", str(SBATCH)], check=True)
     options = sbatch_options()
-    assert options["signal"] == "SIGUSR1@90"  # Lightning's SLURM requeue signal, 90 s ahead
+    assert options["signal"] == "SIGUSR1@90"  # the requeue signal, 90 s before the limit
     assert options["requeue"] == ""  # and comes back
 
 

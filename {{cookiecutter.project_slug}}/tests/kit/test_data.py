@@ -16,6 +16,7 @@ from support import configured, first_batch, same_values
 from torch.utils.data import ConcatDataset, DataLoader, Dataset, DistributedSampler, TensorDataset
 
 from {{ cookiecutter.package_name }}.kit.data import (
+    GlobalOrder,
     LoaderSettings,
     ResumableLoader,
     SeededSamples,
@@ -223,15 +224,40 @@ def held(loader) -> list[int]:
 def test_sliced_batches_follow_the_samplers_order():
     loader = SlicedLoader(numbered(10), batch_size=4, shuffle=True, seed=5)
     batches = list(loader)
-    assert [len(b[1]) for b in batches] == [4, 4, 2] == [len(b[0]) for b in batches]
+    # A shuffled epoch trains whole steps: the 2 samples that fill none wait for the next.
+    assert [len(b[1]) for b in batches] == [4, 4] == [len(b[0]) for b in batches]
+    assert len({int(i) for b in batches for i in b[1]}) == 8
     # A DataLoader of the same seed reads the same order, sample by sample.
     plain = ResumableLoader(
         numbered(10), batch_size=4, shuffle=True, seed=5, collate_fn=lambda batch: batch
     )
     assert [int(i) for b in batches for i in b[1]] == held(plain) != list(range(10))
-    assert len(loader) == 3
+    assert len(loader) == 2
     loader = SlicedLoader(numbered(10), batch_size=4, drop_last=True)
     assert held(loader) == list(range(8)) and len(loader) == 2
+
+
+def test_each_step_of_a_global_order_trains_the_same_samples_on_any_number_of_ranks():
+    """Batch 4 on 2 ranks, 4 accumulating 2 on 1, 8 on 1: the same 8 samples a step, and
+    each rank's batch is one of the 1-rank run's (BatchNorm sees the same batches)."""
+
+    def steps(world: int, batch: int, accumulate: int) -> list[list[list[int]]]:
+        ranks = []
+        for rank in range(world):
+            order = torch.Generator().manual_seed(3)
+            sampler = GlobalOrder(
+                numbered(23), batch, accumulate, generator=order, num_replicas=world, rank=rank
+            )
+            ranks.append(torch.tensor(list(sampler)).view(-1, accumulate, batch).tolist())
+        return [[b for rank in ranks for b in rank[step]] for step in range(len(ranks[0]))]
+
+    two, accumulating, one = steps(2, 4, 1), steps(1, 4, 2), steps(1, 8, 1)
+    assert len(two) == 2  # 23 // 8 whole steps; the 7 left wait for another epoch's order
+    for a, b, c in zip(two, accumulating, one, strict=True):
+        assert a == b  # rank r's batch k is the 1-rank run's batch 2k + r
+        assert sorted(i for batch in a for i in batch) == sorted(c[0])
+    with pytest.raises(ValueError, match="23 training samples do not fill one optimizer step"):
+        GlobalOrder(numbered(23), 8, 2, num_replicas=2, rank=0)
 
 
 @pytest.mark.parametrize("kind", ["sliced", "per sample", "workers"])
@@ -257,14 +283,14 @@ def test_an_epoch_resumed_from_its_state_continues_with_the_next_batch(kind):
     # Interrupted after 2 batches of epoch 1: the order is (seed, epoch)'s, whatever
     # the global random state, and the skipped batches are not read.
     resumed = make(seed=123)
-    resumed.resume_at(seed=7, epoch=1, batches=2)
+    resumed.resume_at(seed=7, epoch=1, samples=8)
     torch.manual_seed(99)
     assert [b[1].tolist() for b in resumed] == epochs[1][2:]
     assert [b[1].tolist() for b in resumed] == epochs[2]  # and the next epoch in full
-    assert len(resumed) == 6
+    assert len(resumed) == 5
     # Resumed at an epoch's start: that epoch in full.
     ended = make(seed=0)
-    ended.resume_at(seed=7, epoch=1, batches=0)
+    ended.resume_at(seed=7, epoch=1, samples=0)
     assert [b[1].tolist() for b in ended] == epochs[1]
     # Told its epoch as Lightning tells a sampler (a loader made anew each epoch): its order.
     told = make(7)
@@ -289,7 +315,7 @@ def test_sliced_batches_under_ddp_are_each_ranks_own_shard_reshuffled_every_epoc
     # A rank resumed mid-epoch continues its own shard of that epoch's order.
     sampler = DistributedSampler(data, num_replicas=2, rank=1, shuffle=True, seed=3)
     loader = SlicedLoader(data, batch_size=3, sampler=sampler)
-    loader.resume_at(seed=0, epoch=1, batches=1)
+    loader.resume_at(seed=0, epoch=1, samples=6)  # one batch of 3 on each of 2 ranks
     assert held(loader) == seen[1, 1][3:]
 
 
@@ -390,7 +416,7 @@ def test_a_samples_random_draws_depend_on_the_sample_and_the_epoch_alone():
 def test_an_augmented_epoch_resumed_mid_way_draws_what_it_would_have(workers):
     uninterrupted = epochs_of(augmented(workers))
     resumed = augmented(workers, seed=123)
-    resumed.resume_at(seed=7, epoch=1, batches=2)
+    resumed.resume_at(seed=7, epoch=1, samples=8)
     torch.manual_seed(99)  # another global state: it does not matter
     assert torch.equal(torch.cat(list(resumed)), uninterrupted[1][8:])
 

@@ -200,3 +200,19 @@ def test_real_doctor_on_this_machine_without_importing_lightning():
     assert "Result: " in result.stdout
     if not torch.cuda.is_available():
         assert "training runs on the CPU." in result.stdout
+
+
+def test_doctor_says_on_which_processes_and_batches_a_checkpoint_resumes(
+    trained_checkpoint, capsys
+):
+    saved = torch.load(trained_checkpoint, weights_only=True)
+    size = saved["callbacks"]["KitCallbacks"]["ResumeState"]["batch_size"]
+    assert doctor.main(["--ckpt", str(trained_checkpoint)]) == 0
+    out = capsys.readouterr().out
+    assert f"global batch {size} = {size} per device x 1 x 1 accumulated" in out
+    assert f"    1: {size} x 1 (as saved: bit for bit)" in out
+    for processes in (2, 4):  # the example's batch: a power of two
+        if size % processes == 0:
+            assert f"    {processes}: {size // processes} x 1\n" in out
+    assert doctor.main(["--ckpt", "missing.ckpt"]) == 2
+    assert "checkpoint 'missing.ckpt' does not exist" in capsys.readouterr().err

@@ -7,6 +7,7 @@ Kit test: it runs whatever model and data `project.py` names.
 
 import os
 import re
+import shutil
 import signal
 
 import pytest
@@ -15,13 +16,17 @@ from instruments import read_records
 from lightning.pytorch import LightningModule
 from support import (
     CONFIGS,
+    INSTRUMENTS,
+    NO_DROPOUT,
     PROJECT,
+    assert_float_close,
     assert_identical,
     batches_of,
     logged_scalars,
     quiet_trainer,
     run_cli,
     run_dirs,
+    run_forked,
     shared,
 )
 from support.models import TwoNetworks
@@ -58,7 +63,6 @@ FLAGS = (
     "--trainer.enable_progress_bar=false",
     "--checkpoint.every_n_train_steps=2",
 )
-INSTRUMENTS = "--trainer.callbacks+=instruments.Instruments"
 
 
 class Transformer(nn.Module):
@@ -257,8 +261,9 @@ def joined(folder):
 
 @pytest.fixture(scope="module")
 def uninterrupted(request, tmp_path_factory):
-    """Two epochs under FSDP on two ranks, made once a session."""
-    return shared(request, tmp_path_factory, "fsdp_uninterrupted", fit)
+    """Two epochs under FSDP on two ranks (dropout off), made once a session."""
+    make = lambda folder: fit(folder, INSTRUMENTS, env=NO_DROPOUT)  # noqa: E731
+    return shared(request, tmp_path_factory, "fsdp_uninterrupted", make)
 
 
 @pytest.mark.slow
@@ -294,17 +299,27 @@ def test_a_stopped_fsdp_run_resumes_exactly(workdir, uninterrupted, sent):
     """Both ranks stopped mid-epoch (SIGKILL, together: from the newest complete folder of
     shards; SIGTERM, reaching the ranks at different steps: from the shards they saved as
     they stopped together), resumed with --ckpt_path last: weights, optimizer state and
-    the logged metric as if never stopped."""
+    the logged metric as if never stopped. Resumed on one process instead, the shards are
+    joined into its one shard (optimizer state included) and the global batch is kept:
+    the same to float precision."""
     _, theirs = joined(uninterrupted)
     steps = batches_of(theirs) // (theirs["epoch"] + 1)
-    env = {"INSTRUMENTS_KILL_STEP": str(steps * 3 // 2)}
+    env = {**NO_DROPOUT, "INSTRUMENTS_KILL_STEP": str(steps * 3 // 2)}
     killed_together("fit", *FLAGS, *FSDP, INSTRUMENTS, cwd=workdir, env=env, sent=sent)
     (run,) = run_dirs(workdir)
     interrupted = run / "checkpoints" / "interrupted.ckpt"
     assert is_sharded(interrupted) == (sent == signal.SIGTERM)
-    resumed = fit(
-        workdir, "--ckpt_path=last", INSTRUMENTS, env={"INSTRUMENTS_RECORD": str(workdir / "s")}
-    )
+    if sent == signal.SIGKILL:
+        one = shutil.copytree(workdir, workdir / "on-one")
+        flags = (*FLAGS, *FSDP, "--ckpt_path=last", INSTRUMENTS, "--trainer.devices=1")
+        alone = run_forked("fit", *flags, cwd=one, env=NO_DROPOUT)  # one process: forked
+        assert "saved by 2 processes, resumed by 1" in alone.stderr
+        (_, ours), (_, theirs) = joined(one), joined(uninterrupted)
+        assert (ours["epoch"], ours["global_step"]) == (theirs["epoch"], theirs["global_step"])
+        assert_float_close(ours["state_dict"], theirs["state_dict"], "state_dict")
+        assert_float_close(ours["optimizer_states"], theirs["optimizer_states"], "optimizer")
+    env = {**NO_DROPOUT, "INSTRUMENTS_RECORD": str(workdir / "s")}
+    resumed = fit(workdir, "--ckpt_path=last", INSTRUMENTS, env=env)
     (continued,) = re.findall(r"continue: .*", resumed.stdout + resumed.stderr)
     assert continued.endswith("--fsdp.enabled true")  # its checkpoints are shards
     starts = {r["rank"]: r["batches"] for r in read_records(workdir / "s", "train_start")}
@@ -320,7 +335,8 @@ def test_a_stopped_fsdp_run_resumes_exactly(workdir, uninterrupted, sent):
 def test_a_folder_of_shards_exports_and_tests_as_the_unsharded_network(workdir, uninterrupted):
     (run,) = run_dirs(uninterrupted)
     folder = run / "checkpoints" / "last.ckpt"
-    run_cli("export", "--ckpt_path", str(folder), "--output", "model.pt", cwd=workdir)
+    # One process each (forked from a server that imported Lightning once): no sharding.
+    run_forked("export", "--ckpt_path", str(folder), "--output", "model.pt", cwd=workdir)
     exported = torch.load(workdir / "model.pt", map_location="cpu", weights_only=True)
     whole = consolidate(folder)["state_dict"]
     prefix = exported["attribute"] + "." if exported["attribute"] else ""
@@ -329,11 +345,11 @@ def test_a_folder_of_shards_exports_and_tests_as_the_unsharded_network(workdir, 
     }
     for name, tensor in exported["state_dict"].items():
         assert torch.equal(tensor, whole[prefix + name]), name
-    run_cli("export", "--ckpt_path", str(folder), "--output", "model.pt2", cwd=workdir)
-    tested = run_cli("test", "--ckpt_path", str(folder), "--trainer.logger=false", cwd=workdir)
+    run_forked("export", "--ckpt_path", str(folder), "--output", "model.pt2", cwd=workdir)
+    tested = run_forked("test", "--ckpt_path", str(folder), "--trainer.logger=false", cwd=workdir)
     assert "test/" in tested.stdout + tested.stderr
     # Training on from the shards needs the sharded strategy: said in one line.
-    refused = run_cli("fit", "--ckpt_path", str(folder), cwd=workdir, check=False)
+    refused = run_forked("fit", "--ckpt_path", str(folder), cwd=workdir, check=False)
     assert refused.returncode == 2
     assert "is a folder of shards of an FSDP run: continue it with --fsdp.enabled true" in (
         refused.stderr

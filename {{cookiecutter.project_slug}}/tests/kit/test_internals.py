@@ -108,6 +108,13 @@ def test_the_checkpoint_accessors(fitted):
     assert internals.skips_saving(checkpoint, trainer) is False  # step 4 is not saved now
 
 
+def test_the_saved_batch_progress(fitted):
+    _, _, checkpoint = fitted
+    saved = torch.load(checkpoint.last_model_path, weights_only=True)
+    progress = internals.saved_batch_progress(saved)
+    assert progress["total"]["processed"] == progress["current"]["processed"] == 8
+
+
 def test_the_logger_accessors(tmp_path):
     logger = CSVLogger(tmp_path)
     assert internals.open_experiment(logger) is None  # nothing started by asking

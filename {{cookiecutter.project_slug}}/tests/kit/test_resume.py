@@ -13,8 +13,7 @@ import functools
 import random
 import shutil
 import signal
-import subprocess
-import sys
+from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -25,23 +24,26 @@ from instruments import read_records
 from lightning.pytorch import Callback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from support import (
-    CONFIGS,
+    DDP,
+    FLAGS,
+    INSTRUMENTS,
+    NO_DROPOUT,
     PROJECT,
+    assert_float_close,
     assert_identical,
     batches_of,
-    cli_env,
-    failure,
+    fit_to_end,
     folder_of,
     fork_cli,
     load_checkpoint,
     logged_scalars,
+    optimizes_by_hand,
+    reference,
     run_dirs,
     run_forked,
-    shared,
     wait_for,
 )
 from support.processes import (
-    SUBPROCESS_TIMEOUT,
     children_until_it_ends,
     killed_together,
     still_alive,
@@ -50,37 +52,9 @@ from support.processes import (
 from {{ cookiecutter.package_name }}.kit import cli
 from {{ cookiecutter.package_name }}.kit.data import ResumableLoader, SplitDataModule
 from {{ cookiecutter.package_name }}.kit.internals import request_stop
-from {{ cookiecutter.package_name }}.kit.resume import ResumeState
+from {{ cookiecutter.package_name }}.kit.resume import ResumeState, per_process
 
 MONITOR = PROJECT.monitor
-FLAGS = ("--trainer.max_epochs=2", "--trainer.enable_progress_bar=false")
-DDP = (f"--config={CONFIGS / 'ddp.yaml'}", "--trainer.accelerator=cpu", "--trainer.devices=2")
-INSTRUMENTS = "--trainer.callbacks+=instruments.Instruments"
-
-
-def reference(request, tmp_path_factory, *flags: str):
-    """The uninterrupted run with `flags`, made once a session: its folder."""
-    name = "uninterrupted" + "".join(f.split("=")[-1] for f in flags if "devices" in f)
-    return shared(
-        request, tmp_path_factory, name, lambda f: run(f, *FLAGS, *flags, ddp=bool(flags))
-    )
-
-
-def run(folder, *args: str, ddp: bool = False, env: dict | None = None):
-    """`fit args...` to the end in `folder` (DDP re-runs the command: a real process)."""
-    if not ddp:
-        return run_forked("fit", *args, cwd=folder, env=env)
-    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *args]
-    result = subprocess.run(
-        command,
-        cwd=folder,
-        env=cli_env(env),
-        capture_output=True,
-        text=True,
-        timeout=SUBPROCESS_TIMEOUT,
-    )
-    assert result.returncode == 0, failure(" ".join(command), result)
-    return result
 
 
 def final(folder):
@@ -137,8 +111,11 @@ def test_a_run_stopped_mid_epoch_by_ctrl_c_resumes_exactly(workdir, uninterrupte
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("workers", [0, 2], ids=["no workers", "2 workers"])
-@pytest.mark.parametrize("sent", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+@pytest.mark.parametrize(
+    ("sent", "workers"),
+    [(signal.SIGTERM, 0), (signal.SIGKILL, 2)],  # SIGKILL, no workers: the killed-run test
+    ids=["SIGTERM-no workers", "SIGKILL-2 workers"],
+)
 def test_with_any_loader_workers_a_run_stopped_mid_epoch_resumes_exactly(
     workdir, uninterrupted, sent, workers
 ):
@@ -165,11 +142,11 @@ def test_with_any_loader_workers_a_run_stopped_mid_epoch_resumes_exactly(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kills", [1, 2], ids=["one SIGKILL", "two SIGKILLs in a row"])
-def test_a_killed_run_resumes_exactly_from_its_newest_checkpoint(workdir, uninterrupted, kills):
+def test_a_killed_run_resumes_exactly_from_its_newest_checkpoint(workdir, uninterrupted):
+    """SIGKILLed twice in a row: mid-way through the second epoch; then, resumed at its
+    start, one step in. (A run that survives this survives one SIGKILL.)"""
     steps = steps_per_epoch(uninterrupted)
-    # Mid-way through the second epoch; then, resumed at its start, one step in.
-    for attempt, step in enumerate([steps * 3 // 2, steps + 1][:kills]):
+    for attempt, step in enumerate([steps * 3 // 2, steps + 1]):
         args = ["fit", *FLAGS, INSTRUMENTS] + (["--ckpt_path=last"] if attempt else [])
         killed = fork_cli(*args, cwd=workdir, env={"INSTRUMENTS_KILL_STEP": str(step)})
         assert killed.wait() == -signal.SIGKILL
@@ -219,37 +196,108 @@ def test_sigterm_during_an_epochs_validation_keeps_that_validation(workdir, unin
     assert_same_run(workdir, uninterrupted)
 
 
+ONE_ACCUMULATING = ("--trainer.accumulate_grad_batches=2",)  # 64 x 1 x 2: DDP's 64 x 2 x 1
+
+
+def samples_by_step(prefix: Path) -> dict[int, Counter]:
+    """The samples each optimizer step trained, every rank's and micro-batch's together."""
+    steps: dict[int, Counter] = {}
+    for record in read_records(prefix, "batch"):
+        steps.setdefault(record["step"], Counter()).update(record["samples"])
+    return steps
+
+
 @pytest.mark.slow
-def test_under_ddp_each_rank_resumes_exactly(workdir, request, tmp_path_factory):
-    """Two ranks, killed together mid-epoch (a job killed by its scheduler), resumed from
-    a mid-epoch checkpoint: each rank's shard, position and random states carry over."""
-    uninterrupted = reference(request, tmp_path_factory, *DDP)
-    steps = steps_per_epoch(uninterrupted)
-    flags = (*FLAGS, *DDP, INSTRUMENTS, "--checkpoint.every_n_train_steps=2")
-    env = {"INSTRUMENTS_KILL_STEP": str(steps * 3 // 2)}
-    killed_together("fit", *flags, cwd=workdir, env=env)
-    env = {"INSTRUMENTS_RECORD": str(workdir / "seen")}
-    run(workdir, "--ckpt_path=last", *flags, ddp=True, env=env)
-    # Both ranks resumed mid-epoch, at the same step.
-    starts = {r["rank"]: r["batches"] for r in read_records(workdir / "seen", "train_start")}
-    assert starts[0] == starts[1] and starts[0] % steps
-    assert_same_run(workdir, uninterrupted)
+@pytest.mark.parametrize(("saved", "resumed"), [(2, 1), (1, 2)], ids=["2 to 1", "1 to 2"])
+def test_a_run_resumed_on_another_number_of_processes_trains_the_same_samples(
+    workdir, request, tmp_path_factory, saved, resumed
+):
+    """Stopped mid-epoch on `saved` processes, resumed on `resumed`: every step from the
+    resume on trains the samples the uninterrupted run's did (none repeated, none
+    skipped), with the global batch kept, and the weights end within float precision
+    (on as many as it was saved by: bit for bit)."""
+    uninterrupted = reference(request, tmp_path_factory, *(DDP if saved == 2 else ONE_ACCUMULATING))
+    batches = steps_per_epoch(uninterrupted)  # each rank's, an epoch
+    steps = batches // (3 - saved)  # optimizer steps
+    flags = (*FLAGS, INSTRUMENTS, "--checkpoint.every_n_train_steps=2")
+    kill = batches * 3 // 2  # mid-way through epoch 2
+    env = {**NO_DROPOUT, "INSTRUMENTS_KILL_STEP": str(kill)}
+    if saved == 2:
+        killed_together("fit", *flags, *DDP, cwd=workdir, env=env)
+{%- if not cookiecutter.cluster %}
+        # On as many processes as it was saved by: each rank its own shard, position and
+        # random states again, mid-epoch, and the same run bit for bit. (With the cluster
+        # files, tests/kit/test_cluster.py holds a torchrun restart and a SLURM requeue to it.)
+        same = shutil.copytree(workdir, workdir / "same")
+        record = {**NO_DROPOUT, "INSTRUMENTS_RECORD": str(same / "seen")}
+        fit_to_end(same, "--ckpt_path=last", *flags, *DDP, ddp=True, env=record)
+        starts = {r["rank"]: r["batches"] for r in read_records(same / "seen", "train_start")}
+        assert starts[0] == starts[1] and starts[0] % batches
+        assert_same_run(same, uninterrupted)
+{%- endif %}
+    else:
+        killed = fork_cli("fit", *flags, *ONE_ACCUMULATING, cwd=workdir, env=env)
+        assert killed.wait() == -signal.SIGKILL
+    env = {**NO_DROPOUT, "INSTRUMENTS_SAMPLES": str(workdir / "samples")}
+    resumed_flags = ("--ckpt_path=last", *flags, *(DDP if resumed == 2 else ()))
+    result = fit_to_end(workdir, *resumed_flags, ddp=resumed == 2, env=env)
+    (line, *others) = [line for line in result.stderr.splitlines() if "resume:" in line]
+    assert f"saved by {saved} process{'es' * (saved > 1)}, resumed by {resumed}" in line
+    assert "global batch was 128" in line and "is 128" in line and "same samples" in line
+    mine, theirs = samples_by_step(workdir / "samples"), samples_by_step(uninterrupted / "samples")
+    first = min(mine)
+    assert first % steps, "the resume is mid-epoch"
+    assert mine == {step: theirs[step] for step in theirs if step >= first}
+    start = first - first % steps
+    epoch = [sample for step in range(start, start + steps) for sample in theirs[step]]
+    assert len(epoch) == steps * 128 and len(set(epoch)) == len(epoch)  # each sample once
+    (_, ours), (_, theirs) = final(workdir), final(uninterrupted)
+    assert (ours["epoch"], ours["global_step"]) == (theirs["epoch"], theirs["global_step"])
+    assert_float_close(ours["state_dict"], theirs["state_dict"], "state_dict")
+    assert_float_close(ours["optimizer_states"], theirs["optimizer_states"], "optimizer")
 
 
-def test_a_resume_that_cannot_be_exact_says_why_in_one_line(trained_checkpoint, workdir):
+def test_a_resume_on_another_number_of_processes_keeps_the_global_batch_and_says_so(
+    trained_checkpoint, workdir
+):
     shutil.copytree(folder_of(trained_checkpoint), workdir, dirs_exist_ok=True)
     (run_dir,) = run_dirs(workdir)
     last = run_dir / "checkpoints" / "last.ckpt"
     state = load_checkpoint(last)
-    state["callbacks"]["KitCallbacks"]["ResumeState"]["world_size"] = 2  # as DDP saved it
+    saved = state["callbacks"]["KitCallbacks"]["ResumeState"]
+    saved["world_size"] = 2  # as a DDP run of two processes saved it
+    saved["precision"] = "bf16-mixed"  # on a GPU
+    size, accumulate = saved["batch_size"], saved["accumulate"]
     torch.save(state, last)
-    # The line comes as the resume starts: one batch of the next epoch is enough.
+    # The lines come as the resume starts: one batch of the next epoch is enough.
     flags = ("--trainer.limit_train_batches=1", "--trainer.limit_val_batches=1")
+    per_device, accumulated = size, 2 * accumulate  # what keeps the global batch on one
+    if optimizes_by_hand():  # Lightning accumulates nothing for it: the batch must make it
+        per_device, accumulated = 2 * size * accumulate, 1
+        refused = run_forked(
+            "fit", "--ckpt_path=last", *FLAGS[1:], *flags, cwd=workdir, check=False
+        )
+        assert refused.returncode == 2
+        (line,) = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+        assert f"--data.batch_size {per_device} (accumulating 1)" in line
+        flags += (f"--data.batch_size={per_device}",)
     resumed = run_forked(
         "fit", "--ckpt_path=last", "--trainer.max_epochs=3", *FLAGS[1:], *flags, cwd=workdir
     )
-    (line,) = [line for line in resumed.stderr.splitlines() if "resume:" in line]
-    assert "saved by 2 processes, resumed by 1" in line and "resume with 2 processes" in line
+    first, *others, precision = [line for line in resumed.stderr.splitlines() if "resume:" in line]
+    assert "saved with precision bf16-mixed, resumed with 32-true" in precision
+    assert "saved by 2 processes, resumed by 1" in first
+    assert f"is {2 * size * accumulate} ({per_device} x 1 x {accumulated})" in first
+    # What draws or keeps numbers of each process's own says so, one line each.
+    parts = per_process(PROJECT.model())  # as trained: with its defaults
+    assert len(others) == len(parts) and all(p in o for p, o in zip(parts, others, strict=True))
+    # A global batch no whole accumulation makes is refused, naming the batches that do.
+    saved["world_size"], saved["batch_size"] = 3, 5
+    torch.save(state, last)
+    refused = run_forked("fit", "--ckpt_path=last", *FLAGS[1:], *flags, cwd=workdir, check=False)
+    assert refused.returncode == 2
+    (line,) = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert f"global batches of {15 * accumulate}" in line and "--data.batch_size" in line
 
 
 def test_augmentation_left_to_each_process_is_a_resume_that_says_so():
@@ -265,6 +313,7 @@ def test_augmentation_left_to_each_process_is_a_resume_that_says_so():
     trainer = SimpleNamespace(
         ckpt_path="last.ckpt",
         world_size=1,
+        precision="32-true",
         strategy=SimpleNamespace(root_device=torch.device("cpu")),
     )
     seeded = ResumableLoader(Files(), batch_size=4)

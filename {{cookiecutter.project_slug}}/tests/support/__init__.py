@@ -2,7 +2,17 @@
 running the command, readers of what a run left, and fits made once a session."""
 
 from .batches import FakeClock, configured, first_batch, loader_length, same_values
-from .fits import fit_in, quiet_trainer, shared
+from .fits import (
+    DDP,
+    FLAGS,
+    INSTRUMENTS,
+    NO_DROPOUT,
+    fit_in,
+    fit_to_end,
+    quiet_trainer,
+    reference,
+    shared,
+)
 from .processes import (
     SUBPROCESS_TIMEOUT,
     ForkedRun,
@@ -26,6 +36,7 @@ from .project import (
     optimizes_by_hand,
 )
 from .readers import (
+    assert_float_close,
     assert_identical,
     batches_of,
     batches_trained,
@@ -40,6 +51,10 @@ from .readers import (
 
 __all__ = [
     "CONFIGS",
+    "DDP",
+    "FLAGS",
+    "INSTRUMENTS",
+    "NO_DROPOUT",
     "PACKAGE",
     "PROJECT",
     "PROJECT_ROOT",
@@ -49,6 +64,7 @@ __all__ = [
     "TESTS",
     "FakeClock",
     "ForkedRun",
+    "assert_float_close",
     "assert_identical",
     "batches_of",
     "batches_trained",
@@ -58,6 +74,7 @@ __all__ = [
     "failure",
     "first_batch",
     "fit_in",
+    "fit_to_end",
     "folder_of",
     "fork_cli",
     "forkserver",
@@ -69,6 +86,7 @@ __all__ = [
     "optimizes_by_hand",
     "quiet_trainer",
     "reached",
+    "reference",
     "run_cli",
     "run_dirs",
     "run_forked",

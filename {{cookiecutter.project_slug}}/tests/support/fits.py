@@ -1,11 +1,18 @@
 """Fits made once per test session and shared, across pytest-xdist workers too."""
 
 import os
+import zlib
 from pathlib import Path
 
 from filelock import FileLock
 
-from .project import main
+from .processes import run_cli, run_forked
+from .project import CONFIGS, main
+
+FLAGS = ("--trainer.max_epochs=2", "--trainer.enable_progress_bar=false")  # two epochs
+DDP = (f"--config={CONFIGS / 'ddp.yaml'}", "--trainer.accelerator=cpu", "--trainer.devices=2")
+INSTRUMENTS = "--trainer.callbacks+=instruments.Instruments"  # tests/kit/instruments.py
+NO_DROPOUT = {"INSTRUMENTS_NO_DROPOUT": "1"}  # no random draws of each process's own
 
 
 def quiet_trainer(**flags):
@@ -42,3 +49,31 @@ def fit_in(folder: Path, *flags: str) -> None:
         main(["fit", "--trainer.enable_progress_bar=false", *flags])
     finally:
         os.chdir(previous)
+
+
+def fit_to_end(folder: Path, *args: str, ddp: bool = False, env: dict | None = None):
+    """`fit args...` to the end in `folder`: forked, or under DDP (which starts the
+    command again for each rank) in a process of its own."""
+    return (run_cli if ddp else run_forked)("fit", *args, cwd=folder, env=env)
+
+
+def reference(request, tmp_path_factory, *flags: str) -> Path:
+    """The uninterrupted two-epoch run with `flags`, made once a session; what it printed
+    is in its folder (stdout.txt, stderr.txt). With flags (DDP's, or one process's
+    accumulation), dropout is off and the instruments record each epoch's order
+    (`seen-rank<R>.jsonl`) and the samples of every step (`samples-rank<R>.jsonl`): runs
+    resumed on another number of processes are held to it, and runs on its own number
+    to it bit for bit."""
+    name = f"uninterrupted-{zlib.crc32(' '.join(flags).encode()):08x}"
+
+    def make(folder: Path) -> None:
+        if not flags:
+            fit_to_end(folder, *FLAGS)
+            return
+        env = {**NO_DROPOUT, "INSTRUMENTS_SAMPLES": str(folder / "samples")}
+        env["INSTRUMENTS_RECORD"] = str(folder / "seen")
+        ran = fit_to_end(folder, *FLAGS, *flags, INSTRUMENTS, ddp=DDP[0] in flags, env=env)
+        (folder / "stdout.txt").write_text(ran.stdout)
+        (folder / "stderr.txt").write_text(ran.stderr)
+
+    return shared(request, tmp_path_factory, name, make)

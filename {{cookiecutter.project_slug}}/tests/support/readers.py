@@ -164,6 +164,29 @@ def assert_identical(ours, theirs, where: str = "") -> None:
         assert ours == theirs, f"{where}: {ours!r} != {theirs!r}"
 
 
+def assert_float_close(ours, theirs, where: str = "", rtol: float = 1e-5) -> float:
+    """Two checkpoint values (nested as in `assert_identical`) match, floating-point tensors
+    within `rtol` of their largest magnitude, the rest exactly; BatchNorm's running
+    statistics (each process's own under DDP) are left out. Returns the largest |d|."""
+    if "running_" in where or "num_batches_tracked" in where:
+        return 0.0
+    if isinstance(theirs, torch.Tensor) and theirs.is_floating_point():
+        assert isinstance(ours, torch.Tensor) and ours.shape == theirs.shape, where
+        difference = float((ours.double() - theirs.double()).abs().max()) if theirs.numel() else 0.0
+        scale = float(theirs.double().abs().max()) if theirs.numel() else 0.0
+        assert difference <= rtol * scale, f"{where}: max |d| {difference}, max |value| {scale}"
+        return difference
+    if isinstance(theirs, dict | list | tuple):
+        keys = theirs.keys() if isinstance(theirs, dict) else range(len(theirs))
+        assert len(ours) == len(theirs), where
+        return max(
+            [assert_float_close(ours[key], theirs[key], f"{where}/{key}", rtol) for key in keys],
+            default=0.0,
+        )
+    assert_identical(ours, theirs, where)
+    return 0.0
+
+
 def best_score(checkpoint: dict) -> float:
     """The monitored metric's best value, as the checkpoint callback recorded it."""
     (state,) = [s for s in checkpoint["callbacks"].values() if "best_model_score" in s]

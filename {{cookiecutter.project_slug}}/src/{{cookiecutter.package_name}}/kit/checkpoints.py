@@ -8,10 +8,11 @@ saved when stopped, loaded safely.
 - `fit --ckpt_path last` continues the newest run under the logger's directory
   (or the run named by the logger's `version`), from the newest intact file of
   its `last.ckpt` (end of an epoch), `interrupted.ckpt` (written when a
-  scheduler's SIGTERM or Ctrl-C stopped it), SLURM's `hpc_ckpt_N.ckpt` (in the
-  trainer's `default_root_dir`) and its `best-*.ckpt`; a damaged one is named
-  and skipped. With nothing to resume it starts afresh, so the same command
-  serves the first start and every restart of a cluster job.
+  scheduler's SIGTERM, SLURM's SIGUSR1 or Ctrl-C stopped it), `hpc_ckpt_N.ckpt`
+  (Lightning's own SLURM saves, in the trainer's `default_root_dir`) and its
+  `best-*.ckpt`; a damaged one is named and skipped. With nothing to resume it
+  starts afresh, so the same command serves the first start and every restart
+  of a cluster job.
 - `check_checkpoint` refuses a truncated or corrupted file with a message that
   names it, before anything unpickles it.
 """
@@ -20,6 +21,7 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -33,12 +35,14 @@ from typing import Any
 from weakref import proxy
 
 import torch
+from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from .callbacks import keep_context
 from .internals import (
     DCP_METADATA,
     accumulating,
@@ -293,8 +297,9 @@ def _written_at(path: Path) -> float:
     return (marker if path.is_dir() and marker.is_file() else path).stat().st_mtime
 
 
-def resolve_last(config: dict[str, Any]) -> Path | None:
-    """Turn `ckpt_path: last` in a subcommand's config into the newest intact checkpoint.
+def resolve_last(config: dict[str, Any], newest_run: bool = False) -> Path | None:
+    """Turn `ckpt_path: last` in a subcommand's config into the newest intact checkpoint
+    (with `newest_run`, only the newest run's: the one a restarted job started).
 
     Each damaged candidate is named and skipped. Also points the logger at the
     checkpoint's run, so logs, config and new checkpoints continue in the same
@@ -306,6 +311,8 @@ def resolve_last(config: dict[str, Any]) -> Path | None:
         return None
     root = Path(config["trainer"].get("default_root_dir") or ".")
     runs = run_candidates(logger)
+    if newest_run:
+        runs, root = sorted(runs, key=_written_at)[-1:], None
     if is_first_process():
         for run in runs:  # a kill between a sharded save's two renames
             for done in recover_folders(run / "checkpoints"):
@@ -486,11 +493,17 @@ class InterruptCheckpoint(OnExceptionCheckpoint):
 
     Kept narrower than Lightning's, which saves on any exception into a folder
     fixed when it is built: only SIGTERM (what SLURM, Kubernetes and other
-    schedulers send before they kill a job) and Ctrl-C, which every rank
-    receives, so all ranks save together (after a crash on one rank, a
-    collective save would wait for the others forever); into the run's own
-    checkpoint folder, known only once the run started; and only once a step
-    was taken, so that there is something to resume.
+    schedulers send before they kill a job), SLURM's requeue signal and Ctrl-C,
+    which every rank receives, so all ranks save together (after a crash on one
+    rank, a collective save would wait for the others forever); into the run's
+    own checkpoint folder, known only once the run started; and only once a
+    step was taken, so that there is something to resume.
+
+    Under SLURM, the signal `--signal=SIGUSR1@90` sends before the time limit
+    stops the run the same way, and then rank 0 asks for the job to be requeued
+    (`scontrol requeue`), once. It takes the place of Lightning's own handler,
+    which saves and requeues inside the signal handler, at whatever point of a
+    step each rank is: a collective there waits for ranks that are elsewhere.
     """
 
     FILENAME = "interrupted.ckpt"
@@ -499,6 +512,8 @@ class InterruptCheckpoint(OnExceptionCheckpoint):
         super().__init__(dirpath=".", filename=Path(self.FILENAME).stem)
         self._ctrl_c = self._sigterm = self._sigterm_held = False
         self._handler: Any = None
+        self._requeue: str | None = None  # the SLURM job to requeue once stopped
+        self._requeue_handler: tuple[int, Any] | None = None
 
     @property
     def stop_pending(self) -> bool:
@@ -512,9 +527,16 @@ class InterruptCheckpoint(OnExceptionCheckpoint):
     # wherever the KeyboardInterrupt lands.
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._ctrl_c = self._sigterm = False
+        self._requeue = None
         on_main_thread = threading.current_thread() is threading.main_thread()
         if on_main_thread and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             self._handler = signal.signal(signal.SIGINT, self._on_ctrl_c)
+        if on_main_thread and SLURMEnvironment.detect():
+            # Before Lightning registers its own: it then leaves the signal to this one.
+            environment = getattr(trainer.strategy, "cluster_environment", None)
+            sent = getattr(environment, "requeue_signal", None) or signal.SIGUSR1
+            previous = signal.signal(sent, self._on_requeue_signal)
+            self._requeue_handler = (sent, previous)
         if trainer.world_size > 1:
             on_sigterm_in_fit(trainer, partial(self._on_sigterm, trainer))
             before_each_step_stop_check(trainer, partial(self._stop_together, trainer))
@@ -528,6 +550,10 @@ class InterruptCheckpoint(OnExceptionCheckpoint):
     def _on_sigterm(self, trainer: Trainer, signum: int, frame: Any) -> None:
         if not self._sigterm and trainer.strategy.launcher is not None:
             trainer.strategy.launcher.kill(signum)  # the ranks it started, as Lightning does
+        self._sigterm = True
+
+    def _on_requeue_signal(self, signum: int, frame: Any) -> None:
+        self._requeue = slurm_job()
         self._sigterm = True
 
     def _stop_together(self, trainer: Trainer) -> None:
@@ -545,6 +571,9 @@ class InterruptCheckpoint(OnExceptionCheckpoint):
         if self._handler is not None:
             signal.signal(signal.SIGINT, self._handler)
             self._handler = None
+        if self._requeue_handler is not None:
+            signal.signal(*self._requeue_handler)
+            self._requeue_handler = None
 
     # Lightning stops a validation half-way on SIGTERM, and the resume then skips
     # the rest of it: the epoch's score, best and last would be lost. The stop
@@ -565,7 +594,7 @@ class InterruptCheckpoint(OnExceptionCheckpoint):
             return  # Lightning checks for SIGTERM before every step of a multi-process run
         if self._ctrl_c:
             raise KeyboardInterrupt
-        if trainer.received_sigterm:
+        if trainer.received_sigterm or self._sigterm:
             raise SIGTERMException
 
     def _run_folder(self, trainer: Trainer) -> str | None:
@@ -578,13 +607,16 @@ class InterruptCheckpoint(OnExceptionCheckpoint):
         folder = self._run_folder(trainer)
         if folder is None or not isinstance(exception, (SIGTERMException, KeyboardInterrupt)):
             return
-        if trainer.global_step == 0:  # not a step taken: nothing to resume
-            return
-        self.dirpath = folder
-        # Lightning's own call, saying what it saves (it warns when weights_only is unset):
-        # the full training state, to resume from.
-        trainer.save_checkpoint(self.ckpt_path, weights_only=False)
-        rank_zero_info(f"Stopped: saved {self.ckpt_path}; continue with `fit --ckpt_path last`")
+        if trainer.global_step > 0:  # a step taken: something to resume
+            self.dirpath = folder
+            # Lightning's own call, saying what it saves (it warns when weights_only is
+            # unset): the full training state, to resume from.
+            trainer.save_checkpoint(self.ckpt_path, weights_only=False)
+            rank_zero_info(f"Stopped: saved {self.ckpt_path}; continue with `fit --ckpt_path last`")
+        if self._requeue is not None:
+            keep_context(exception, {"stopped_by": "SLURM's requeue signal"})
+            if trainer.is_global_zero:  # once, after the checkpoint is whole on disk
+                rank_zero_info(requeue(self._requeue))
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._restore_handler()
@@ -593,6 +625,28 @@ class InterruptCheckpoint(OnExceptionCheckpoint):
         if stage == "fit" and folder is not None:
             self.dirpath = folder
             super().teardown(trainer, pl_module, stage)
+
+
+def slurm_job() -> str:
+    """This SLURM job's id as `scontrol` names it (an array task: `<job>_<task>`)."""
+    array = os.environ.get("SLURM_ARRAY_JOB_ID")
+    if array is not None:
+        return f"{array}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+    return os.environ["SLURM_JOB_ID"]
+
+
+def requeue(job: str) -> str:
+    """Put SLURM job `job` back in the queue (`scontrol requeue`); one line on what happened."""
+    try:
+        done = subprocess.run(
+            ["scontrol", "requeue", job], capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"could not requeue SLURM job {job} ({error}): resubmit it; it continues"
+    if done.returncode != 0:
+        why = done.stderr.strip() or f"exit code {done.returncode}"
+        return f"scontrol requeue {job} failed ({why}): resubmit the job; it continues"
+    return f"Requeued SLURM job {job}: it continues from its newest checkpoint"
 
 
 class ResumeCheck(Callback):

@@ -349,12 +349,14 @@ class ProjectCLI(LightningCLI):
         logger = config.get("trainer", {}).get("logger")
         if logger:
             prepare_logger(logger)
+        restarted = False
         if subcommand == "fit":
             self.place_run(config)
+            restarted = elastic_restart(config)
         # Before Lightning reads the checkpoint's hyperparameters:
         # `--ckpt_path last` becomes the newest checkpoint of the newest run
         # (and the logger continues that run); a damaged file is refused by name.
-        if subcommand == "fit" and resolve_last(config):
+        if subcommand == "fit" and resolve_last(config, newest_run=restarted):
             # Continuing a run: its checkpoint folder is expected to hold files.
             warnings.filterwarnings("ignore", r"Checkpoint directory .* exists and is not empty")
         elif subcommand == "fit":
@@ -482,6 +484,18 @@ class ProjectCLI(LightningCLI):
             trainer["logger"] = False  # predictions go to their CSV file, not a new run
 
 
+def elastic_restart(config: dict[str, Any]) -> bool:
+    """Whether torchrun started this fit's workers again after one of them failed
+    (`--max-restarts`); a restart with no checkpoint named continues the job's run,
+    the newest, from its newest checkpoint (`ckpt_path: last`)."""
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if not restart or config.get("ckpt_path") not in (None, "last"):
+        return False
+    rank_zero_info(f"torchrun restart {restart}: continuing the newest run, if it saved")
+    config["ckpt_path"] = "last"
+    return True
+
+
 def manual_optimization(model: str, trainer: dict[str, Any]) -> None:
     """What a Trainer config needs for a module that steps its optimizers itself: no
     accumulation by Lightning (refused in one line), and under DDP the parameters a
@@ -574,8 +588,9 @@ def run(args: list[str] | None, project: Project) -> int:
             return _failed(error, project.command)
         print(f"{_rank()}error: {mismatch}", file=sys.stderr)
         return 2
-    except SIGTERMException:
-        print(f"{_rank()}stopped by SIGTERM; resume with `fit --ckpt_path last`", file=sys.stderr)
+    except SIGTERMException as stop:
+        by = getattr(stop, "run_context", {}).get("stopped_by", "SIGTERM")
+        print(f"{_rank()}stopped by {by}; resume with `fit --ckpt_path last`", file=sys.stderr)
         return 143
     except Exception as error:
         return _failed(error, project.command)

@@ -32,8 +32,8 @@ from torch.utils.data import (
     ConcatDataset,
     DataLoader,
     Dataset,
+    DistributedSampler,
     IterableDataset,
-    RandomSampler,
     Subset,
     TensorDataset,
     default_collate,
@@ -279,13 +279,58 @@ class _Skipping:
         return max(0, len(self._sampler()) - self.loader._skip)
 
 
-class EpochRandomSampler(RandomSampler):
-    """A RandomSampler told its epoch, as Lightning tells a DistributedSampler."""
+class GlobalOrder(DistributedSampler):
+    """A training order that is the same on any number of processes.
 
-    epoch = 0
+    Each epoch's order is one permutation of the dataset (from the loader's
+    generator, seeded by its seed and the epoch), cut into batches of
+    `batch_size`: rank r of W takes batches r, r + W, r + 2W, ... So an optimizer
+    step, W x `accumulate` consecutive batches, trains the same samples on 2
+    processes as on 1 accumulating twice as many. An epoch trains whole steps:
+    the order's last samples that do not fill one (fewer than a step's; a
+    different few each epoch) are left out, as `drop_last` leaves out a batch.
+    Lightning keeps a DistributedSampler it is given and tells it the epoch.
+    """
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int,
+        accumulate: int = 1,
+        shuffle: bool = True,
+        generator: torch.Generator | None = None,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+    ) -> None:
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        if num_replicas is None:
+            num_replicas = torch.distributed.get_world_size() if distributed else 1
+        if rank is None:
+            rank = torch.distributed.get_rank() if distributed else 0
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle)
+        world = num_replicas
+        self.batch_size, self.accumulate, self.generator = batch_size, accumulate, generator
+        self.step_samples = batch_size * world * accumulate
+        self.steps = len(dataset) // self.step_samples
+        if self.steps == 0:
+            raise ValueError(
+                f"{len(dataset)} training samples do not fill one optimizer step of"
+                f" {self.step_samples} (batch {batch_size} x {world} processes x"
+                f" {accumulate} accumulated): lower data.batch_size or"
+                " trainer.accumulate_grad_batches"
+            )
+
+    def __iter__(self) -> Iterator[int]:
+        n = len(self.dataset)  # type: ignore[arg-type]
+        if self.shuffle:
+            order = torch.randperm(n, generator=self.generator)
+        else:
+            order = torch.arange(n)
+        batches = order[: self.steps * self.step_samples].view(-1, self.batch_size)
+        return iter(batches[self.rank :: self.num_replicas].flatten().tolist())
+
+    def __len__(self) -> int:
+        return self.steps * self.step_samples // self.num_replicas
 
 
 class ResumableLoader(DataLoader):
@@ -296,10 +341,13 @@ class ResumableLoader(DataLoader):
     Each epoch's order and the workers' seeds come from a generator of the
     loader's own, seeded from (`seed`, epoch): not from the global random state,
     which the model's own randomness moves. `seed` defaults to torch's initial
-    seed (`seed_everything`'s). The state Lightning saves with a checkpoint
-    (`state_dict`) is that seed, the epoch and the batches it trained; on
-    resume the epoch's iteration skips those batches' indices (no data is read
-    for them). A DistributedSampler gets the epoch before the order is drawn.
+    seed (`seed_everything`'s). Shuffled, the order is `GlobalOrder`'s: the same
+    samples in each optimizer step on any number of processes (`accumulate`: the
+    Trainer's accumulate_grad_batches, so that an epoch ends on a whole step).
+    The kit's `ResumeState` saves the seed, the epoch and the samples of it all
+    ranks trained; `resume_at` gives them back, and the epoch's iteration skips
+    those samples (no data is read for them), on as many ranks as there are now.
+    A DistributedSampler gets the epoch before the order is drawn.
 
     A dataset that reads per sample is read through `SeededSamples`: what
     `__getitem__` draws from torch, NumPy or Python's `random` is seeded by (seed,
@@ -322,6 +370,7 @@ class ResumableLoader(DataLoader):
         *args: Any,
         seed: int | None = None,
         seed_samples: bool = True,
+        accumulate: int = 1,
         **kwargs: Any,
     ) -> None:
         given = inspect.signature(DataLoader).bind(dataset, *args, **kwargs).arguments
@@ -340,7 +389,9 @@ class ResumableLoader(DataLoader):
         if given.get("shuffle") and given.get("sampler") is None:
             # The order's own generator: the workers' seed is drawn from the loader's
             # only when its iterator is made, not at each epoch of persistent workers.
-            given["sampler"], given["shuffle"] = EpochRandomSampler(dataset, generator=order), None
+            size = given.get("batch_size", 1) or 1
+            given["sampler"] = GlobalOrder(dataset, size, accumulate, generator=order)
+            given["shuffle"] = None
         if given.get("generator") is None:
             given["generator"] = torch.Generator()
         then = given.get("worker_init_fn")
@@ -349,16 +400,21 @@ class ResumableLoader(DataLoader):
         super().__init__(**given)
         self._order = order
         self.seed = torch.initial_seed() if seed is None else seed
-        self.seed_samples = seed_samples
+        self.seed_samples, self.accumulate = seed_samples, accumulate
         self.epoch = -1  # the epoch of the current iteration
         self._resume: tuple[int, int] | None = None  # (epoch, batches to skip)
         self._told: int | None = None  # the sampler's epoch as this loader left it
         self._skip = 0
 
-    def resume_at(self, seed: int, epoch: int, batches: int) -> None:
-        """Start the next iteration `batches` batches into `epoch`, in `seed`'s order:
-        where a checkpoint stopped."""
-        self.seed, self._resume = seed, (epoch, batches)
+    @property
+    def world_batch(self) -> int:
+        """The samples of one batch of every rank together."""
+        return (self.batch_size or 1) * getattr(self.sampler, "num_replicas", 1)
+
+    def resume_at(self, seed: int, epoch: int, samples: int) -> None:
+        """Start the next iteration `samples` samples (of all ranks) into `epoch`, in
+        `seed`'s order: where a checkpoint stopped, on however many ranks."""
+        self.seed, self._resume = seed, (epoch, samples // self.world_batch)
 
     def _start_epoch(self) -> int:
         """Seed this iteration's order; returns the batches of it to skip."""
@@ -649,11 +705,16 @@ class SplitDataModule(LightningDataModule):
             )
         settings = self.loader_settings
         dataset = self.splits[split]
+        # A shuffled (training) order ends each epoch on a whole optimizer step.
+        trainer = self.trainer
+        accumulate = trainer.accumulate_grad_batches if shuffle and trainer else 1
         sliced = isinstance(dataset, TensorBatches)
         copied = settings.pin_memory and dataset.tensors[0].device.type == "cpu"
         if sliced and not copied and not self.setting("num_workers"):
             # The tensors are where the steps run: slice there, in this process.
-            return SlicedLoader(dataset, batch_size=self.batch_size, shuffle=shuffle)
+            return SlicedLoader(
+                dataset, batch_size=self.batch_size, shuffle=shuffle, accumulate=accumulate
+            )
         # Read per sample, or batches of host tensors copied to a GPU from pinned memory.
         return ResumableLoader(
             dataset,
@@ -664,11 +725,12 @@ class SplitDataModule(LightningDataModule):
             persistent_workers=settings.persistent_workers,
             collate_fn=_as_sliced if sliced else self.collate_fn,
             seed_samples=self.setting("seed_samples"),
+            accumulate=accumulate,
         )
 
     def train_dataloader(self) -> DataLoader:
-        # Under DDP, Lightning swaps in a DistributedSampler and sets its epoch
-        # every epoch, so ranks see disjoint samples in a new order each time.
+        # Each rank takes its own batches of one global order (`GlobalOrder`), new
+        # each epoch: Lightning keeps that sampler and sets its epoch every epoch.
         return self.loader("train", shuffle=True)
 
     def val_dataloader(self) -> DataLoader:

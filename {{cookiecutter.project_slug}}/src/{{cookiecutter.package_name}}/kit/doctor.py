@@ -10,6 +10,8 @@ broken, and it answers fast.
     <command> doctor --json         # the same facts as one JSON object
     <command> doctor --memory       # and will the project's model fit, per rank, under DDP
                                     # or FSDP (--world-size N, --devices-free-gib X; kit/memory.py)
+    <command> doctor --ckpt PATH    # on which numbers of processes and batches a checkpoint
+                                    # resumes with its global batch (kit/resume.py)
 
 `--memory` needs the project, so it imports Lightning and your code; the plain
 doctor never does.
@@ -302,6 +304,12 @@ def parser(command: str = "doctor") -> argparse.ArgumentParser:
         help="plan for GPUs with this much free memory each, not this machine's",
     )
     group.add_argument("--precision", help="the run's precision (default: what fit would use here)")
+    parser.add_argument(
+        "--ckpt",
+        metavar="PATH",
+        help="say on which numbers of processes and batches this checkpoint resumes (imports"
+        " Lightning)",
+    )
     return parser
 
 
@@ -327,6 +335,8 @@ def main(
         named = ", ".join(f"--{name.replace('_', '-')}" for name in given) or "flags after `--`"
         print(f"error: {named}: only with --memory", file=sys.stderr)
         return 2
+    if args.ckpt is not None:
+        return checkpoint_report(args.ckpt)
     facts = collect()
     findings = diagnose(facts)
     ok = usable_gpu(facts) if args.require_gpu else facts["torch"].get("importable", False)
@@ -354,6 +364,54 @@ def main(
     if memory is not None and memory.kind == "neither":
         return 1
     return 0 if ok else 1
+
+
+def checkpoint_report(path: str, widest: int = 64) -> int:
+    """Print where a checkpoint was saved (processes, batch, accumulation) and, for each
+    number of processes up to `widest` that can keep its global batch, the batch and
+    accumulation that do; exit 2 for a file that is not a usable checkpoint."""
+    from pathlib import Path
+
+    import torch
+
+    from .checkpoints import CheckpointError, check_checkpoint
+    from .internals import DCP_METADATA
+    from .resume import batch_choices, processes, saved_state
+
+    try:
+        found = check_checkpoint(path)
+    except CheckpointError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    file = found / DCP_METADATA if Path(found).is_dir() else found
+    checkpoint = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    saved = saved_state(checkpoint, "ResumeState") or {}
+    print(f"{path}: epoch {checkpoint.get('epoch')}, step {checkpoint.get('global_step')}")
+    if not saved.get("batch_size"):
+        print("  it names no global batch (not a fit's, or an older kit's): resume it as saved")
+        return 0
+    world, size, accumulate = saved["world_size"], saved["batch_size"], saved["accumulate"]
+    total = world * size * accumulate
+    print(
+        f"  saved by {processes(world)} on {saved.get('accelerator')}, precision"
+        f" {saved.get('precision')}: global batch {total} = {size} per device x {world} x"
+        f" {accumulate} accumulated"
+    )
+    print("  resumes with that global batch on (processes: per-device batch x accumulation):")
+    for count in range(1, min(total, widest) + 1):
+        choices = batch_choices(total, count)
+        if not choices:
+            continue
+        # The saved per-device batch where it works, else the largest below it.
+        fitting = [c for c in choices if c[0] <= size] or choices[-1:]
+        mine = f"{fitting[0][0]} x {fitting[0][1]}"
+        note = " (as saved: bit for bit)" if count == world else ""
+        print(f"    {count}: {mine}{note}")
+    print(
+        "  other numbers of processes: with --resume_state.keep_global_batch false (the"
+        " global batch changes)"
+    )
+    return 0
 
 
 def memory_plan(args: argparse.Namespace, project: Any, flags: list[str]) -> Any:

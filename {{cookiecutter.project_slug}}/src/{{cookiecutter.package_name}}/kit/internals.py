@@ -101,6 +101,12 @@ def restart_train_iteration(trainer: Any) -> None:
     iter(trainer.fit_loop._data_fetcher)
 
 
+def saved_batch_progress(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """The fit loop's count of each rank's training batches (this epoch's and all) in a
+    checkpoint, as Lightning lays it out: no public reader has it."""
+    return checkpoint["loops"]["fit_loop"]["epoch_loop.batch_progress"]
+
+
 def logging_step(trainer: Any) -> int:
     """The step Lightning gives the metrics logged now: optimizer steps taken so far.
     (`global_step` counts the steps of every optimizer, so it differs with several.)"""

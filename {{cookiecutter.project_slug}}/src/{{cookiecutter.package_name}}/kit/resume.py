@@ -5,16 +5,23 @@ the loops' counters and each callback's state. `ResumeState` adds the rest:
 
 - each rank's random states (Python, NumPy, torch, and CUDA on the rank's own
   device), restored just before the first step after the resume;
-- the position of each training `ResumableLoader`: its seed, its epoch and the
-  batches of it trained (Lightning's count, not the loader's, which is ahead
-  by the batch Lightning prefetched). On resume the loader starts again there
-  (`resume_at`): the next batch of the same order, each sample drawing the
-  same random augmentation (its draws are seeded by the sample and the epoch).
+- the position of each training `ResumableLoader` in global terms: its seed,
+  its epoch and the samples of it all ranks trained (Lightning's count of
+  batches, not the loader's, which is ahead by the batch Lightning
+  prefetched). On resume the loader starts again there (`resume_at`): the
+  next batch of the same order, each sample drawing the same random
+  augmentation (its draws are seeded by the sample and the epoch);
+- the global batch: per-device batch x processes x accumulation.
 
 With `seed_everything` on the CPU, an interrupted and resumed run then ends
-with the same weights as an uninterrupted one, bit for bit. Where that cannot
-hold (a DataLoader that keeps no position, another world size, CUDA's
-non-deterministic kernels), the resume says so in one line as it starts.
+with the same weights as an uninterrupted one, bit for bit. On another number
+of processes the global batch is kept (`accumulate_grad_batches` set to make
+it, said in one line) and every optimizer step trains the same samples
+(`GlobalOrder`): the weights match to float precision (sums in another order).
+Where a resume cannot be exact (dropout or BatchNorm statistics of each
+process's own on another number of them, another accelerator or precision, a
+DataLoader that keeps no position, CUDA's non-deterministic kernels), it says
+so in one line as it starts.
 """
 
 import random
@@ -25,10 +32,22 @@ import numpy as np
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
+from torch import nn
 
 from .callbacks import train_loaders
 from .data import ResumableLoader, is_in_memory
-from .internals import restart_train_iteration
+from .health import BATCH_NORMS
+from .internals import restart_train_iteration, saved_batch_progress
+from .spec import ConfigError
+
+DROPOUTS = (
+    nn.Dropout,
+    nn.Dropout1d,
+    nn.Dropout2d,
+    nn.Dropout3d,
+    nn.AlphaDropout,
+    nn.FeatureAlphaDropout,
+)
 
 
 def random_states(device: torch.device | None = None) -> dict[str, Any]:
@@ -61,28 +80,87 @@ def set_random_states(states: Mapping[str, Any], device: torch.device | None = N
 
 
 def positions(trainer: Trainer) -> list[dict[str, int] | None]:
-    """Where each training ResumableLoader resumes: its seed, epoch and the batches of it
-    trained (the next epoch's start once its last batch was)."""
+    """Where each training ResumableLoader resumes: its seed, epoch and the samples of it
+    all ranks trained (the next epoch's start once its last batch was)."""
     progress = trainer.fit_loop.epoch_loop.batch_progress
     done = progress.current.processed
     finished = bool(progress.is_last_batch) and done == progress.current.ready
     epochs_on, batches = (1, 0) if finished else (0, done)
     return [
-        {"seed": loader.seed, "epoch": loader.epoch + epochs_on, "batches": batches}
+        {
+            "seed": loader.seed,
+            "epoch": loader.epoch + epochs_on,
+            "samples": batches * loader.world_batch,
+        }
         if isinstance(loader, ResumableLoader)
         else None
         for loader in train_loaders(trainer)
     ]
 
 
-class ResumeState(Callback):
-    """Each rank's random states and the training loaders' positions in the checkpoint,
-    restored on resume; one line at the start of a resume for each reason it cannot
-    be exact."""
+def batch_size(trainer: Trainer) -> int | None:
+    """The per-device batch size of the fit: its training loader's once built, else its
+    DataModule's (or model's) `batch_size`; None where neither says."""
+    for loader in train_loaders(trainer):
+        if getattr(loader, "batch_size", None):
+            return loader.batch_size
+    for holder in (trainer.datamodule, trainer.lightning_module):
+        size = getattr(holder, "batch_size", None)
+        if isinstance(size, int):
+            return size
+    return None
 
-    def __init__(self) -> None:
+
+def per_process(model: nn.Module) -> list[str]:
+    """What in `model` draws or keeps numbers of each process's own: dropout layers and
+    BatchNorm statistics (SyncBatchNorm's are the world's)."""
+    found = []
+    dropouts = [name for name, m in model.named_modules() if isinstance(m, DROPOUTS) and m.p > 0]
+    if dropouts:
+        found.append(f"dropout ({', '.join(dropouts[:3])}) draws from each process's generator")
+    norms = [
+        name
+        for name, m in model.named_modules()
+        if isinstance(m, BATCH_NORMS)
+        and not isinstance(m, nn.SyncBatchNorm)
+        and m.track_running_stats
+    ]
+    if norms:
+        found.append(f"BatchNorm ({', '.join(norms[:3])}) keeps each process's running statistics")
+    return found
+
+
+def adjusted_counts(progress: dict[str, Any], was: int, now: int) -> bool:
+    """Recount a saved batch progress (each rank's batches of `was` samples, all ranks
+    together) in batches of `now`; whether they make whole batches. The counts a save
+    in `on_train_batch_end` leaves behind the processed one (Lightning completes
+    that batch on resume) stay as far behind."""
+    whole = True
+    for part in ("total", "current"):
+        counts = progress.get(part, {})
+        processed = counts.get("processed", 0)
+        whole = whole and processed * was % now == 0
+        for key, value in counts.items():
+            counts[key] = processed * was // now - (processed - value)
+    return whole
+
+
+class ResumeState(Callback):
+    """Each rank's random states, the training loaders' positions and the global batch in
+    the checkpoint, restored on resume; one line at the start of a resume for each reason
+    it cannot be exact.
+
+    On another number of processes (or another per-device batch) the global batch
+    is kept: `accumulate_grad_batches` becomes what makes it, and the resume says
+    so; where no whole number does, it is refused with the choices. With
+    `keep_global_batch` False the run goes on with the batch as configured.
+    """
+
+    def __init__(self, keep_global_batch: bool = True) -> None:
+        self.keep_global_batch = keep_global_batch
         self._trainer: Trainer | None = None
         self._pending: dict[str, Any] | None = None
+        self._notes: list[str] = []
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._trainer = trainer  # state_dict() is called without it
@@ -98,7 +176,15 @@ class ResumeState(Callback):
             torch.distributed.all_gather_object(every, mine)  # every rank saves together
         else:
             every = [mine]
-        return {"world_size": world, "random_states": every, "loaders": positions(trainer)}
+        return {
+            "world_size": world,
+            "batch_size": batch_size(trainer),
+            "accumulate": trainer.accumulate_grad_batches,
+            "accelerator": trainer.strategy.root_device.type,
+            "precision": str(trainer.precision),
+            "random_states": every,
+            "loaders": positions(trainer),
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._pending = dict(state_dict) if state_dict else None
@@ -106,6 +192,48 @@ class ResumeState(Callback):
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not trainer.ckpt_path:
             self._pending = None  # a fresh fit: nothing restored
+
+    def on_load_checkpoint(
+        self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        """Keep the checkpoint's global batch on this run's processes and batch: set the
+        accumulation that makes it, and count the batches trained in this run's batches."""
+        self._notes = []
+        saved = saved_state(checkpoint, self.state_key)
+        if trainer.state.fn != "fit" or not saved or not saved.get("batch_size"):
+            return
+        world, size, accumulate = saved["world_size"], saved["batch_size"], saved["accumulate"]
+        now, size_now = trainer.world_size, batch_size(trainer) or size
+        given = accumulate_now = trainer.accumulate_grad_batches
+        global_batch = size * world * accumulate
+        if self.keep_global_batch:
+            accumulates = pl_module.automatic_optimization
+            accumulate_now = keep_global_batch(global_batch, now, size_now, accumulates)
+            trainer.accumulate_grad_batches = accumulate_now
+        if (world, size, accumulate) == (now, size_now, accumulate_now):
+            if given != accumulate_now:
+                self._notes.append(
+                    f"accumulate_grad_batches {accumulate_now}, not {given}: the checkpoint's"
+                    " global batch (--resume_state.keep_global_batch false trains on with yours)"
+                )
+            return
+        progress = saved_batch_progress(checkpoint)
+        whole = adjusted_counts(progress, size * world, size_now * now)
+        line = (
+            f"saved by {processes(world)}, resumed by {now}: the global batch was {global_batch}"
+            f" ({size} per device x {world} x {accumulate}), is"
+            f" {size_now * now * accumulate_now} ({size_now} x {now} x {accumulate_now})"
+        )
+        if size_now * now * accumulate_now == global_batch and whole:
+            line += "; each step trains the same samples, summed in another order (float precision)"
+        else:
+            line += "; the steps from here train other samples than an uninterrupted run"
+        self._notes.append(line)
+        if world != now:
+            self._notes += [
+                f"{what}: on {processes(now)}, not {world}, it differs from an uninterrupted run"
+                for what in per_process(pl_module)
+            ]
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not trainer.ckpt_path:
@@ -115,6 +243,8 @@ class ResumeState(Callback):
         moved = False
         for loader, position in zip(loaders, saved, strict=False):
             if isinstance(loader, ResumableLoader) and position:
+                if "batches" in position:  # written before positions were global
+                    position = {**position, "samples": position.pop("batches") * loader.world_batch}
                 loader.resume_at(**position)
                 moved = True
         if moved:  # Lightning made the loaders' iterators before: make them again
@@ -124,19 +254,27 @@ class ResumeState(Callback):
 
     def inexact(self, trainer: Trainer, loaders: list[Any]) -> list[str]:
         """Why this resume will not repeat the uninterrupted run exactly, one line each."""
-        lines = []
+        lines = list(self._notes)
         saved = self._pending
         if saved is None:
             lines.append(
                 f"{trainer.ckpt_path} holds no random states (written by an older kit):"
                 " random draws after the resume differ from an uninterrupted run"
             )
-        elif saved["world_size"] != trainer.world_size:
+        elif saved["world_size"] != trainer.world_size and not lines:
             lines.append(
                 f"saved by {saved['world_size']} processes, resumed by {trainer.world_size}:"
-                " the data order and random draws differ from an uninterrupted run; resume"
-                f" with {saved['world_size']} processes (devices x nodes) to make it exact"
+                " the random draws differ from an uninterrupted run"
             )
+        for key, now in (
+            ("accelerator", trainer.strategy.root_device.type),
+            ("precision", str(trainer.precision)),
+        ):
+            if saved and saved.get(key, now) != now:
+                lines.append(
+                    f"saved with {key} {saved[key]}, resumed with {now}: the numbers differ"
+                    " from an uninterrupted run from here on"
+                )
         for loader in loaders:
             if not isinstance(loader, ResumableLoader) and not (
                 callable(getattr(loader, "state_dict", None)) and hasattr(loader, "load_state_dict")
@@ -168,3 +306,49 @@ class ResumeState(Callback):
             set_random_states(
                 saved["random_states"][trainer.global_rank], trainer.strategy.root_device
             )
+
+
+def processes(count: int) -> str:
+    return f"{count} process" if count == 1 else f"{count} processes"
+
+
+def saved_state(checkpoint: dict[str, Any], key: str) -> dict[str, Any] | None:
+    """A callback's state in a checkpoint: under its own key, or a part's of the kit's
+    one callback (`KitCallbacks`)."""
+    for name, state in (checkpoint.get("callbacks") or {}).items():
+        if name == key:
+            return state
+        if isinstance(state, dict) and isinstance(state.get(key), dict):
+            return state[key]
+    return None
+
+
+def batch_choices(global_batch: int, world: int) -> list[tuple[int, int]]:
+    """(per-device batch, accumulation) that make `global_batch` on `world` processes,
+    the largest batch first."""
+    if global_batch % world:
+        return []
+    per_process = global_batch // world
+    return [
+        (size, per_process // size) for size in range(per_process, 0, -1) if per_process % size == 0
+    ]
+
+
+def keep_global_batch(global_batch: int, world: int, size: int, accumulates: bool = True) -> int:
+    """The accumulation that makes `global_batch` of `world` processes of `size` (only 1
+    where the model steps its optimizers itself: Lightning accumulates none for it);
+    refused in one line naming the per-device batches that would, where none does."""
+    whole = global_batch % (world * size) == 0
+    if whole and (accumulates or global_batch == world * size):
+        return global_batch // (world * size)
+    choices = [c for c in batch_choices(global_batch, world) if accumulates or c[1] == 1]
+    named = ", ".join(f"{b} (accumulating {a})" for b, a in choices[:4])
+    could = f"--data.batch_size {named}" if choices else f"no batch size makes it on {world}"
+    how = (
+        "no whole accumulation" if accumulates else "it without accumulation (manual optimization)"
+    )
+    raise ConfigError(
+        f"the checkpoint trained global batches of {global_batch}; {world} processes of"
+        f" {size} make {how}: resume with {could}, or with"
+        " --resume_state.keep_global_batch false to train on with the batch as configured"
+    )
