@@ -136,7 +136,8 @@ def plain_loop(pkg, epochs: int, batch_size: int, channels: int) -> dict:
     torch.manual_seed(42)
     data = pkg.data.DigitsDataModule(batch_size=batch_size, on_device=False)
     data.setup("fit")
-    train = DataLoader(data.splits["train"], batch_size=batch_size, shuffle=True)
+    # Whole batches, as the project's training order trains whole optimizer steps.
+    train = DataLoader(data.splits["train"], batch_size=batch_size, shuffle=True, drop_last=True)
     val = DataLoader(data.splits["val"], batch_size=batch_size)
     model = pkg.model.DigitsCNN(channels=channels).to(device)
     optimizer = torch.optim.AdamW(model.parameters())

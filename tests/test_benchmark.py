@@ -26,7 +26,8 @@ def test_benchmark_writes_its_json(tmp_path):
         timeout=600,
     )
     report = json.loads(output.read_text())
-    assert report["work"] == {"epochs": 1, "batch_size": 64, "steps": 20}
+    # 1,257 training samples: 19 whole batches of 64 an epoch.
+    assert report["work"] == {"epochs": 1, "batch_size": 64, "steps": 19}
     assert report["warmup_epochs"] == 0
     seconds = report["seconds"]
     assert set(seconds) == {"plain", "lightning_bare", "trainer", "project", "project_per_sample"}
@@ -47,7 +48,7 @@ def test_benchmark_writes_its_json(tmp_path):
     steps = report["step_ms"]
     assert set(steps) == set(seconds) and all(ms > 0 for ms in steps.values())
     # Every batch but each epoch's first closes a timed step, in every row.
-    assert report["step_cycles"] == {name: 20 - 1 for name in seconds}
+    assert report["step_cycles"] == {name: 19 - 1 for name in seconds}
     assert report["all_step_ms"] == {name: [ms] for name, ms in steps.items()}
     for name in ("lightning_bare", "plain"):
         step_ratio = steps["project"] / steps[name]
@@ -56,7 +57,7 @@ def test_benchmark_writes_its_json(tmp_path):
         steps["project_per_sample"] / steps["lightning_bare"], rel=0.01
     )
     heavy = report["heavy"]
-    assert heavy["channels"] == 128 and heavy["steps"] == 20
+    assert heavy["channels"] == 128 and heavy["steps"] == 19
     assert set(heavy["step_ms"]) == {"plain", "lightning_bare", "project"}
     assert all(ms > 0 for ms in heavy["step_ms"].values())
     for name in ("lightning_bare", "plain"):

@@ -256,8 +256,16 @@ def test_each_step_of_a_global_order_trains_the_same_samples_on_any_number_of_ra
     for a, b, c in zip(two, accumulating, one, strict=True):
         assert a == b  # rank r's batch k is the 1-rank run's batch 2k + r
         assert sorted(i for batch in a for i in batch) == sorted(c[0])
-    with pytest.raises(ValueError, match="23 training samples do not fill one optimizer step"):
-        GlobalOrder(numbered(23), 8, 2, num_replicas=2, rank=0)
+
+    # Fewer samples than a step (tiny data): one step an epoch, each rank an equal share.
+    def share(rank: int) -> list[int]:
+        order = torch.Generator().manual_seed(3)
+        return list(GlobalOrder(numbered(23), 8, 2, generator=order, num_replicas=2, rank=rank))
+
+    shares = [share(0), share(1)]
+    assert [len(share) for share in shares] == [11, 11] and not set(shares[0]) & set(shares[1])
+    with pytest.raises(ValueError, match="1 training samples cannot give each of 2 processes"):
+        GlobalOrder(numbered(1), 8, num_replicas=2, rank=0)
 
 
 @pytest.mark.parametrize("kind", ["sliced", "per sample", "workers"])

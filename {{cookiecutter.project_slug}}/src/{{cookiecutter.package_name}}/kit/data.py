@@ -289,6 +289,7 @@ class GlobalOrder(DistributedSampler):
     processes as on 1 accumulating twice as many. An epoch trains whole steps:
     the order's last samples that do not fill one (fewer than a step's; a
     different few each epoch) are left out, as `drop_last` leaves out a batch.
+    (Data smaller than one step is one step an epoch, each rank an equal share.)
     Lightning keeps a DistributedSampler it is given and tells it the epoch.
     """
 
@@ -308,16 +309,11 @@ class GlobalOrder(DistributedSampler):
         if rank is None:
             rank = torch.distributed.get_rank() if distributed else 0
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle)
-        world = num_replicas
         self.batch_size, self.accumulate, self.generator = batch_size, accumulate, generator
-        self.step_samples = batch_size * world * accumulate
-        self.steps = len(dataset) // self.step_samples
-        if self.steps == 0:
+        self.step_samples = batch_size * num_replicas * accumulate
+        if len(dataset) < num_replicas:
             raise ValueError(
-                f"{len(dataset)} training samples do not fill one optimizer step of"
-                f" {self.step_samples} (batch {batch_size} x {world} processes x"
-                f" {accumulate} accumulated): lower data.batch_size or"
-                " trainer.accumulate_grad_batches"
+                f"{len(dataset)} training samples cannot give each of {num_replicas} processes one"
             )
 
     def __iter__(self) -> Iterator[int]:
@@ -326,11 +322,16 @@ class GlobalOrder(DistributedSampler):
             order = torch.randperm(n, generator=self.generator)
         else:
             order = torch.arange(n)
-        batches = order[: self.steps * self.step_samples].view(-1, self.batch_size)
+        if n < self.step_samples:  # one step: each rank an equal share
+            share = n // self.num_replicas
+            return iter(order[self.rank * share : (self.rank + 1) * share].tolist())
+        batches = order[: n // self.step_samples * self.step_samples].view(-1, self.batch_size)
         return iter(batches[self.rank :: self.num_replicas].flatten().tolist())
 
     def __len__(self) -> int:
-        return self.steps * self.step_samples // self.num_replicas
+        n = len(self.dataset)  # type: ignore[arg-type]
+        used = n // self.step_samples * self.step_samples or n  # under a step: all of it
+        return used // self.num_replicas
 
 
 class ResumableLoader(DataLoader):
