@@ -322,10 +322,10 @@ class GlobalOrder(DistributedSampler):
             order = torch.randperm(n, generator=self.generator)
         else:
             order = torch.arange(n)
+        mine = len(self)  # this rank's samples this epoch
         if n < self.step_samples:  # one step: each rank an equal share
-            share = n // self.num_replicas
-            return iter(order[self.rank * share : (self.rank + 1) * share].tolist())
-        batches = order[: n // self.step_samples * self.step_samples].view(-1, self.batch_size)
+            return iter(order[self.rank * mine : (self.rank + 1) * mine].tolist())
+        batches = order[: mine * self.num_replicas].view(-1, self.batch_size)
         return iter(batches[self.rank :: self.num_replicas].flatten().tolist())
 
     def __len__(self) -> int:
