@@ -116,6 +116,7 @@ RENDERED_RULES = [
     (r"\S+ doctor( --json)?", "run"),
     (r"\S+ doctor --memory( --world-size \d+ --devices-free-gib \d+)?", "run"),
     (r"\S+ doctor --ckpt \$CKPT", "run"),
+    (r"\S+ doctor --distributed( --timeout \d+ --json)?", "run"),
     (r"\S+ bench( --steps \d+)?( --json)?", "run"),
     (
         r"\S+ sweep( .*)?",

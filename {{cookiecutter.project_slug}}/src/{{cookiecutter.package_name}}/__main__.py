@@ -15,7 +15,8 @@ COMMANDS = {
     "validate": "evaluate a checkpoint on the validation split (--ckpt_path FILE)",
     "test": "evaluate a checkpoint on the test split (--ckpt_path FILE)",
     "predict": "write predictions.csv from a checkpoint (--ckpt_path FILE)",
-    "doctor": "is this machine ready to train on its GPU? (--memory: will the model fit?)",
+    "doctor": "is this machine ready to train on its GPU? (--memory: will the model fit?"
+    " --distributed: can its ranks meet?)",
     "export": "write the trained network of a checkpoint as a plain file",
     "sweep": "an Optuna study over fit's flags (configs/sweep.yaml; --workers N, --storage URL)",
     "repeat": "the same fit over --seeds N or --folds K: the metric's mean, sd and 95% CI",

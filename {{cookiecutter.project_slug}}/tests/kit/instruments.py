@@ -26,7 +26,12 @@ optimizers by hand takes more optimizer steps (`global_step`) than batches.
   starts (mid-epoch), until a stop signal arrives;
 - INSTRUMENTS_PAUSE_VALIDATION=<n> (with INSTRUMENTS_PAUSE_MARKER): the same, when
   epoch n's validation starts;
-- INSTRUMENTS_FAIL_RANK=<r> and INSTRUMENTS_FAIL_STEP=<s>: rank r raises at step s;
+- INSTRUMENTS_FAIL_RANK=<r> and INSTRUMENTS_FAIL_STEP=<s>: rank r raises at step s
+  (INSTRUMENTS_FAIL_STEP=setup: in the fit's setup, before the ranks' second barrier);
+- INSTRUMENTS_SLEEP_RANK=<r> and INSTRUMENTS_SLEEP_STEP=<s>: rank r sleeps (for up to
+  ten minutes) in step s, taking no more part in the job;
+- INSTRUMENTS_NAN_STEP=<s>: from step s on, the first parameter is NaN before each step
+  (the loss of every rank then is too);
 - INSTRUMENTS_KILL_STEP=<s>: the process SIGKILLs itself when step s starts (with
   INSTRUMENTS_KILL_GROUP=1, rank 0 SIGKILLs its whole process group: every rank;
   INSTRUMENTS_KILL_SIGNAL=SIGTERM: SIGTERM instead; with INSTRUMENTS_KILL_STAGGER=1,
@@ -36,6 +41,7 @@ optimizers by hand takes more optimizer steps (`global_step`) than batches.
   workers, from 0);
 - INSTRUMENTS_KILL_SAVE=<k>: the process SIGKILLs itself half-way through writing
   the k-th checkpoint it saves (1 = the first);
+- INSTRUMENTS_SLOW_LOADER_RANK=<r>, _SECONDS=<s>: rank r's loader yields each train batch s late;
 - INSTRUMENTS_FILL=<file> and INSTRUMENTS_FILL_EPOCH=<n>: at the start of epoch n,
   fill the disk of <file> with it, leaving room for half the last checkpoint.
 """
@@ -88,6 +94,14 @@ class Instruments(Callback):
         saves = os.environ.get("INSTRUMENTS_KILL_SAVE")
         if saves:
             kill_during_save(int(saves))
+        slow = os.environ.get("INSTRUMENTS_SLOW_LOADER_RANK")
+        if slow and trainer.global_rank == int(slow):  # before the fit asks for its loader
+            slow_train_loader(trainer, float(os.environ["INSTRUMENTS_SLOW_LOADER_SECONDS"]))
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        rank = os.environ.get("INSTRUMENTS_FAIL_RANK")
+        if os.environ.get("INSTRUMENTS_FAIL_STEP") == "setup" and trainer.global_rank == int(rank):
+            raise RuntimeError(f"injected fault on rank {rank} in setup")
 
     def _record(self, trainer, pl_module, event: str) -> None:
         prefix = os.environ.get("INSTRUMENTS_RECORD")
@@ -158,8 +172,16 @@ class Instruments(Callback):
                 os.kill(os.getpid(), sent)
         rank = os.environ.get("INSTRUMENTS_FAIL_RANK")
         fail = os.environ.get("INSTRUMENTS_FAIL_STEP")
-        if rank and trainer.global_rank == int(rank) and step == int(fail):
+        if rank and trainer.global_rank == int(rank) and str(step) == fail:
             raise RuntimeError(f"injected fault on rank {rank} at step {fail}")
+        rank = os.environ.get("INSTRUMENTS_SLEEP_RANK")
+        if rank and trainer.global_rank == int(rank):
+            if step == int(os.environ["INSTRUMENTS_SLEEP_STEP"]):
+                time.sleep(600)
+        nan = os.environ.get("INSTRUMENTS_NAN_STEP")
+        if nan and step >= int(nan):
+            with torch.no_grad():
+                next(pl_module.parameters()).fill_(float("nan"))
 
 
 def first_tensor(batch):
@@ -212,6 +234,30 @@ def kill_during_save(nth: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
     torch.save = half_then_kill
+
+
+def slow_train_loader(trainer, seconds: float) -> None:
+    """Make each batch of the fit's train loader `seconds` late, inside its iterator (a slow
+    disk, as the fit sees it): any loader, and kept if Lightning rebuilds it (its class)."""
+    source = trainer.datamodule if trainer.datamodule is not None else trainer.lightning_module
+    make = source.train_dataloader
+
+    def late(batches):
+        for batch in batches:
+            time.sleep(seconds)
+            yield batch
+
+    def slowed():
+        loader = make()
+
+        class Slow(type(loader)):
+            def __iter__(self):
+                return late(super().__iter__())
+
+        loader.__class__ = Slow
+        return loader
+
+    source.train_dataloader = slowed
 
 
 def fill_disk(path: Path, leave: int = 0) -> None:

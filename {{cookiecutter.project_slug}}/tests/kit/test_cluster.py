@@ -168,6 +168,7 @@ def slurm_job(folder: Path, env: dict, *flags: str) -> subprocess.CompletedProce
     fake.mkdir(exist_ok=True)
     (fake / "srun").write_text(
         "#!/usr/bin/env bash\n"
+        'while [[ "$1" == --* ]]; do shift; done\n'  # srun's own options
         "for ((rank = 0; rank < SLURM_NTASKS; rank++)); do\n"
         '  SLURM_PROCID=$rank SLURM_LOCALID=$rank SLURM_NODEID=0 "$@" &\n'
         "done\n"
@@ -289,7 +290,10 @@ def srun_words(folder: Path, **env: str) -> list[str]:
     )
     command = ["bash", str(SBATCH), "--data.batch_size=128"]
     subprocess.run(command, env=env, check=True, cwd=folder)
-    return (folder / "args").read_text().splitlines()
+    words = (folder / "args").read_text().splitlines()
+    # A task that fails ends the job's others, rather than leave them waiting for it.
+    assert words[0] == "--kill-on-bad-exit=1"
+    return words[1:]
 
 
 def test_slurm_script_gives_the_trainer_its_counts(tmp_path):

@@ -5,6 +5,7 @@ Kit test.
 
 import json
 import os
+import socket
 import stat
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import pytest
 import torch
 from support import SRC
 
-from {{ cookiecutter.package_name }}.kit import doctor
+from {{ cookiecutter.package_name }}.kit import collectives, doctor
 
 
 def fake_torch(**overrides) -> dict:
@@ -72,6 +73,13 @@ def no_nvidia_smi(monkeypatch):
 @pytest.fixture(autouse=True)
 def no_visible_devices_variable(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+
+@pytest.fixture(autouse=True)
+def no_distributed_variables(monkeypatch):
+    """A plain shell: no rendezvous, launcher or NCCL variables from the test's own."""
+    for name in collectives.environment(os.environ):
+        monkeypatch.delenv(name)
 
 
 def run_doctor(monkeypatch, capsys, torch_facts: dict | None, *args: str) -> tuple[int, str]:
@@ -216,3 +224,132 @@ def test_doctor_says_on_which_processes_and_batches_a_checkpoint_resumes(
             assert f"    {processes}: {size // processes} x 1\n" in out
     assert doctor.main(["--ckpt", "missing.ckpt"]) == 2
     assert "checkpoint 'missing.ckpt' does not exist" in capsys.readouterr().err
+
+
+# doctor --distributed ------------------------------------------------------------
+
+
+def test_stray_rendezvous_variables_outside_a_launcher(monkeypatch, capsys, no_nvidia_smi):
+    monkeypatch.setenv("NODE_RANK", "1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    code, out = run_doctor(monkeypatch, capsys, fake_torch(**NO_GPU))  # the plain doctor
+    assert code == 0
+    assert (
+        "NODE_RANK=1, MASTER_PORT=29500 are set in a shell that no launcher started (no SLURM"
+        " job, torchrun or Kubernetes pod): Lightning takes them for a launcher's, and a"
+        " multi-process fit then waits for ranks that never come." in out
+    )
+    assert "Fix: Unset them (`unset NODE_RANK MASTER_PORT`)" in out
+    stray = {"RANK": "0"}
+    assert "RANK=0 is set" in collectives.stray_variables(stray)[0]["problem"]
+    for marker in ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "KUBERNETES_SERVICE_HOST"):
+        assert collectives.stray_variables({**stray, marker: "7"}) == []
+    assert collectives.stray_variables({"SLURM_JOB_ID": "7"}) == []
+
+
+def test_nccl_variables_say_what_they_cost():
+    p2p, ib = collectives.nccl_variables({"NCCL_P2P_DISABLE": "1", "NCCL_IB_DISABLE": "1"})
+    assert "NCCL_P2P_DISABLE=1: NCCL routes GPU-to-GPU traffic through host" in p2p["problem"]
+    assert "unless `doctor --distributed` hangs without it" in p2p["fix"]
+    assert "NCCL_IB_DISABLE=1: NCCL routes traffic between nodes over TCP sockets" in ib["problem"]
+    assert collectives.nccl_variables({"NCCL_P2P_DISABLE": "0", "NCCL_IB_DISABLE": ""}) == []
+
+
+def test_more_ranks_than_visible_gpus_is_not_launched(monkeypatch, capsys, no_nvidia_smi):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    two_gpus = fake_torch(device_count=2, devices=fake_torch()["devices"] * 2)
+    code, out = run_doctor(monkeypatch, capsys, two_gpus, "--distributed", "--world-size", "4")
+    assert code == 1
+    assert (
+        "--world-size 4 asks for 4 GPUs, but 2 are visible (CUDA_VISIBLE_DEVICES='0,1'): NCCL"
+        " needs a GPU of its own for each rank." in out
+    )
+    assert "Fix: Pass --world-size 2 or fewer, or list more GPUs in CUDA_VISIBLE_DEVICES" in out
+    assert "Distributed: 4 rank(s), nccl on GPUs" in out and "Result: not run" in out
+    assert collectives.hidden_devices(4, 0, {}) == []  # on the CPU: gloo, any number of ranks
+
+
+def test_a_master_port_something_listens_on():
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        assert collectives.port_in_use(port)
+        (found,) = collectives.taken_port({"MASTER_PORT": str(port)})
+    assert f"MASTER_PORT={port} is taken: something on this machine listens" in found["problem"]
+    assert "Unset it (`unset MASTER_PORT`): the kit picks a free port" in found["fix"]
+    assert collectives.taken_port({"MASTER_PORT": "29500"}, in_use=lambda port: False) == []
+    (found,) = collectives.taken_port({"MASTER_PORT": "port"})
+    assert found["problem"] == "MASTER_PORT='port' is not a port number."
+
+
+def planted(backend: str = "nccl", **facts) -> dict:
+    """The result of a check of 2 ranks that ran, with `facts` changed."""
+    result = {
+        "backend": backend,
+        "timeout_s": 30.0,
+        "port": 23456,
+        "arrived": [0, 1],
+        "missing": [],
+        "finished": [0, 1],
+        "errors": {},
+        "wrong": [],
+    }
+    return {**result, **facts}
+
+
+def test_a_collective_that_hangs_names_nccl_p2p_disable():
+    (found,) = collectives.outcome(planted(finished=[0]), command="my-project doctor")
+    assert found["problem"] == (
+        "Every rank arrived, but the all-reduce and broadcast did not finish within 30 s on"
+        " rank 1: a collective that hangs."
+    )
+    assert "rerun as `NCCL_P2P_DISABLE=1 my-project doctor --distributed`" in found["fix"]
+    (found,) = collectives.outcome(planted("gloo", finished=[]))
+    assert "on ranks 0, 1" in found["problem"] and "GLOO_SOCKET_IFNAME=lo" in found["fix"]
+    (found,) = collectives.outcome(planted(errors={"0": "E: x", "1": "E: x"}, finished=[]))
+    assert found["problem"] == "Ranks 0, 1 failed: E: x" and "NCCL_DEBUG=INFO" in found["fix"]
+    (found,) = collectives.outcome(planted(wrong=[1]))
+    assert found["problem"] == "The all-reduce or broadcast gave wrong values on rank 1."
+    assert collectives.outcome(planted()) == []
+
+
+def test_doctor_distributed_on_two_cpu_processes(monkeypatch, capsys, no_nvidia_smi):
+    """The one test that forms a real group: 2 gloo ranks, whatever the machine has."""
+    code, out = run_doctor(monkeypatch, capsys, fake_torch(**NO_GPU), "--distributed", "--json")
+    check = json.loads(out)["distributed"]
+    assert code == 0 and check["ok"] is True, check
+    assert (check["world_size"], check["backend"], check["launched"]) == (2, "gloo", True)
+    assert check["arrived"] == check["finished"] == [0, 1] and check["missing"] == []
+    assert check["allreduce_s"] > 0 and check["broadcast_s"] > 0 and check["formed_s"] > 0
+    assert check["busbw_gbps"] is None and check["problems"] == []  # bus bandwidth: NCCL's
+    text = collectives.format_check(check)
+    assert f"rendezvous 127.0.0.1:{check['port']} | arrived: 0, 1 | group formed in" in text
+    assert "all-reduce of 4 MiB: " in text and "(medians of 5)" in text
+    assert text.endswith(
+        "Result: 2 rank(s) formed a gloo group; the all-reduce and broadcast gave the right values."
+    )
+
+
+def test_a_rank_that_never_arrives_is_named_within_the_timeout(monkeypatch, capsys, no_nvidia_smi):
+    """Rank 1 is never started: rank 0 waits at the rendezvous until the doctor ends both."""
+    check = collectives.check
+    monkeypatch.setattr(collectives, "check", lambda *args, **kw: check(*args, **kw, ranks=[0]))
+    # A forked rank arrives at once; a spawned one (CUDA initialised here) imports torch first.
+    timeout = "1" if sys.platform == "linux" and not torch.cuda.is_initialized() else "60"
+    args = ("--distributed", "--world-size", "2", "--timeout", timeout)
+    code, out = run_doctor(monkeypatch, capsys, fake_torch(**NO_GPU), *args)
+    assert code == 1
+    assert "| arrived: 0 | did not arrive: 1" in out
+    assert "Rank 1 did not arrive at the rendezvous (127.0.0.1:" in out
+    assert f"within {timeout} s; rank 0 waited for it." in out
+    assert "Result: the process group is not usable here; see the problems above." in out
+
+
+def test_distributed_flags_only_with_distributed(capsys):
+    assert doctor.main(["--timeout", "5"]) == 2
+    assert "--timeout: only with --distributed" in capsys.readouterr().err
+    assert doctor.main(["--distributed", "--timeout", "0"]) == 2
+    assert "error: --timeout 0: must be above 0" in capsys.readouterr().err
+    assert doctor.main(["--distributed", "--world-size", "-1"]) == 2
+    assert "error: --world-size -1: must be above 0" in capsys.readouterr().err

@@ -1,17 +1,21 @@
 """The training-health report: numbers that add up, and warnings when they should.
 
 Kit test. Time is a fake clock that the data and the step advance by set amounts,
-so a "slow dataset" is slow by construction and every number is exact.
+so a "slow dataset" is slow by construction and every number is exact. The ranks of
+a DDP job are fitted one after another, each on its own clock, and a fake gather
+hands the last one every rank's figures; one real two-process run slows one rank's
+loader.
 """
 
 import logging
+import re
 import warnings
 
 import pytest
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import Logger
-from support import FakeClock, batches_trained, main, quiet_trainer
+from support import DDP, INSTRUMENTS, FakeClock, batches_trained, main, quiet_trainer, run_cli
 from torch.utils.data import DataLoader, Dataset
 
 from {{ cookiecutter.package_name }}.kit.callbacks import find_callback
@@ -20,6 +24,7 @@ from {{ cookiecutter.package_name }}.kit.health import (
     TrainingHealth,
     batch_length,
     batchnorm_advice,
+    slow_rank,
 )
 
 BATCH, BATCHES, STEP_SECONDS = 8, 12, 0.05
@@ -258,6 +263,139 @@ def test_on_cuda_data_wait_is_the_devices_idle_time_read_off_events(step, item, 
     assert health.timed_steps == BATCHES - 1
     assert health.compute == pytest.approx((BATCHES - 1) * step)
     assert summary["data_wait_share"] == pytest.approx(share, abs=1e-3)
+
+
+class DDPRank(TimedModel):
+    """One rank of a DDP job: `forward` seconds to its loss, then, in the backward's
+    gradient all-reduce, `waits` seconds for the last rank to arrive."""
+
+    def __init__(self, clock: FakeClock, forward: float, waits: float):
+        super().__init__(clock)
+        self.forward_seconds, self.waits = forward, waits
+
+    def training_step(self, batch, batch_idx):
+        self.clock.advance(self.forward_seconds)
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self.layer(x), y)
+
+    def on_after_backward(self):
+        self.clock.advance(self.waits)
+
+
+class FakeGather:
+    """all_gather over ranks fitted one after another: the last gets every rank's tensor."""
+
+    def __init__(self, world: int):
+        self.world, self.tensors = world, []
+
+    def __call__(self, module, tensor):
+        self.tensors.append(tensor)
+        return torch.stack(self.tensors) if len(self.tensors) == self.world else tensor
+
+
+def fit_ranks(caplog, *ranks: tuple[float, float]) -> tuple[TrainingHealth, list[str], str]:
+    """A DDP job whose rank r waits ranks[r][0] seconds for each batch and computes its
+    forward in ranks[r][1]: the last rank's health, its warnings and its per-rank lines."""
+    last = max(wait + forward for wait, forward in ranks)  # all leave the sync together
+    gather = FakeGather(len(ranks))
+    for wait, forward in ranks:
+        clock = FakeClock()
+        health = TrainingHealth()
+        health.clock, health.gather = clock, gather
+        caplog.clear()
+        with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.INFO):
+            warnings.simplefilter("always")
+            model = DDPRank(clock, forward, last - wait - forward)
+            fit_on_the_clock(model, clock, [health], wait / BATCH)
+    lines = [r.message for r in caplog.records if r.message.startswith("Training health per")]
+    return health, [str(w.message) for w in caught], "\n".join(lines)
+
+
+def test_every_rank_is_a_line_and_a_slow_loader_is_named(caplog):
+    health, messages, lines = fit_ranks(caplog, (0.0, 0.02), (0.05, 0.02))
+    sync = "to reach the gradient sync (data wait + forward)"
+    assert lines.splitlines() == [
+        "Training health per rank, ms a step:",
+        f"  rank 0: step 70.0, data wait 0.0, {sync} 20.0",
+        f"  rank 1: step 20.0, data wait 50.0, {sync} 70.0",
+    ]
+    assert [r["sync_ms"] for r in health.summary["ranks"]] == [20.0, 70.0]
+    assert health.summary["slow_rank"]["cause"] == "data"
+    (named,) = [m for m in messages if m.startswith("rank ")]
+    assert named == (
+        "rank 1 is 3.5x slower than the median to reach each step's gradient sync: it waits "
+        "50 ms a step for data (the median rank 0 ms): its loader (more --data.num_workers, "
+        "data on a local disk)"
+    )
+
+
+def test_a_rank_slow_to_compute_is_named_and_one_within_20_percent_is_not(caplog):
+    health, messages, _ = fit_ranks(caplog, (0.0, 0.02), (0.0, 0.03), (0.0, 0.02))
+    assert health.summary["slow_rank"]["cause"] == "compute"
+    (named,) = [m for m in messages if m.startswith("rank ")]
+    assert named.startswith(
+        "rank 1 is 1.5x slower than the median to reach each step's gradient sync: its "
+        "forward takes 30 ms a step (the median rank 20 ms): its compute ("
+    )
+    # Rank 1 15% slower to reach the sync (23 ms against 20), 2 ms of it data wait: 9% of
+    # a step. No rank is named.
+    health, messages, lines = fit_ranks(caplog, (0.0, 0.02), (0.002, 0.021))
+    assert len(lines.splitlines()) == 3 and health.summary["slow_rank"] is None
+    assert not [m for m in messages if m.startswith("rank ")]
+
+
+def test_one_process_has_its_figures_and_no_line_per_rank(caplog):
+    with caplog.at_level(logging.INFO):
+        health, _ = fit_with_health(seconds_per_item=0.01)
+    assert health.summary["ranks"] == [
+        {"rank": 0, "step_ms": 50.0, "data_wait_ms": 80.0, "forward_ms": 50.0, "sync_ms": 130.0}
+    ]
+    assert health.summary["slow_rank"] is None and "per rank" not in caplog.text
+
+
+def test_where_the_forward_has_collectives_only_the_data_wait_names_a_rank(caplog, monkeypatch):
+    # A slow loader on rank 1 of two under DDP with BatchNorm: the forward broadcasts the
+    # buffers from rank 0, which waits there for rank 1. Both arrive together.
+    ddp = [
+        {"rank": 0, "step_ms": 59.4, "data_wait_ms": 0.8, "forward_ms": 54.0, "sync_ms": 54.8},
+        {"rank": 1, "step_ms": 8.9, "data_wait_ms": 51.4, "forward_ms": 3.8, "sync_ms": 55.2},
+    ]
+    for sharded in (False, True):  # FSDP: its forward all-gathers, whatever the data
+        assert slow_rank(ddp, sharded)["message"] == (
+            "rank 1 holds up each step's gradient sync by 84% of a step: it waits 51 ms a step "
+            "for data (the median rank 1 ms): its loader (more --data.num_workers, data on a "
+            "local disk)"
+        )
+    # A rank slow to compute under FSDP: the others wait in their forward. Nothing tells.
+    fsdp = [
+        {"rank": 0, "step_ms": 50.0, "data_wait_ms": 1.0, "forward_ms": 40.0, "sync_ms": 41.0},
+        {"rank": 1, "step_ms": 50.0, "data_wait_ms": 1.0, "forward_ms": 40.0, "sync_ms": 41.0},
+    ]
+    assert slow_rank(fsdp, sharded=True) is None
+
+    from {{ cookiecutter.package_name }}.kit import health as module
+
+    monkeypatch.setattr(module, "SHARDED", object)  # every strategy shards, as FSDP does
+    _, messages, lines = fit_ranks(caplog, (0.0, 0.02), (0.05, 0.02))
+    assert lines.splitlines()[1:] == [
+        "  rank 0: step 70.0, data wait 0.0",
+        "  rank 1: step 20.0, data wait 50.0",
+    ]
+    (named,) = [m for m in messages if m.startswith("rank ")]
+    assert named.startswith("rank 1 holds up each step's gradient sync by 71% of a step: it ")
+
+
+@pytest.mark.slow
+def test_ddp_names_the_rank_whose_loader_is_slow(workdir):
+    slow = {"INSTRUMENTS_SLOW_LOADER_RANK": "1", "INSTRUMENTS_SLOW_LOADER_SECONDS": "0.05"}
+    flags = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=24", "--data.batch_size=4"]
+    flags += ["--trainer.limit_val_batches=0", "--trainer.enable_progress_bar=false"]
+    ran = run_cli("fit", *DDP, INSTRUMENTS, *flags, "--trainer.logger=false", cwd=workdir, env=slow)
+    each = r"^  rank (\d): step [\d.]+, data wait [\d.]+, to reach the gradient sync .* [\d.]+$"
+    assert re.findall(each, ran.stderr, re.MULTILINE) == ["0", "1"], ran.stderr
+    # Rank 1's batches come late inside its loader: data wait, not step time.
+    (named,) = [line for line in ran.stderr.splitlines() if "its loader (" in line]
+    assert re.search(r"rank 1 .*: it waits \d+ ms a step for data \(the median rank", named)
 
 
 def test_the_model_summary_shows_no_flops_column_of_zeros(workdir, caplog):

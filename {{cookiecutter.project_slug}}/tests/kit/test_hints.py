@@ -7,12 +7,11 @@ import re
 
 import pytest
 import torch
-from support import PROJECT, PROJECT_ROOT, SCRIPT, configured, first_batch, run_cli
+from support import PROJECT, PROJECT_ROOT, SCRIPT, configured, first_batch
 from test_model import made_on_the_cpu, training_step_on_meta
 
 from {{ cookiecutter.package_name }}.__main__ import main as command
 from {{ cookiecutter.package_name }}.kit.hints import HINTS, explain, find_hint, markdown_table
-from {{ cookiecutter.package_name }}.kit.machine import free_port
 
 Model = PROJECT.model
 
@@ -41,6 +40,11 @@ REAL_MESSAGES = [
         " loss returned by training_step. If this is intentional, you must enable the detection"
         " of unused parameters in DDP",
         "parameters that were not used in producing the loss",
+    ),
+    (
+        "The server socket has failed to listen on any local network address. port: 29500,"
+        " useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use",
+        "the rendezvous port is already taken",
     ),
 ]
 
@@ -163,25 +167,3 @@ def test_asking_for_a_gpu_that_is_not_there(workdir, capfd):
     assert "No supported gpu backend found" in err
     assert "Hint: `CUDAAccelerator` can not run on your system" in err
     assert f"{PROJECT.command} doctor` says which" in err
-
-
-@pytest.mark.slow
-def test_process_group_init_timeout_under_ddp(workdir):
-    # Two nodes are asked for, only one starts: rank 0 waits for rank 1, then times out.
-    result = run_cli(
-        "fit",
-        "--trainer.accelerator=cpu",
-        "--trainer.devices=1",
-        "--trainer.num_nodes=2",
-        "--trainer.strategy=lightning.pytorch.strategies.DDPStrategy",
-        "--trainer.strategy.timeout=0:00:05",
-        cwd=workdir,
-        check=False,
-        env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "NODE_RANK": "0"},
-    )
-    assert result.returncode == 1, result.stderr[-4000:]
-    # The store's wait times out, or (on a loaded machine) rank 0's own connection to it.
-    timed_out = r"DistStoreError|Timed out|DistNetworkError.*Socket Timeout"
-    assert re.search(timed_out, result.stderr), result.stderr[-4000:]
-    assert "Hint: NCCL/gloo timeout or connection error between ranks" in result.stderr
-    assert "MASTER_ADDR" in result.stderr

@@ -98,7 +98,17 @@ def test_the_kit_names_no_package():
 
 
 # The kit's tools: commands of their own, built on the run core (kit/__init__.py).
-TOOLS = {"bench", "doctor", "export", "memory", "repeat", "stopping", "sweep", "trial"}
+TOOLS = {
+    "bench",
+    "collectives",
+    "doctor",
+    "export",
+    "memory",
+    "repeat",
+    "stopping",
+    "sweep",
+    "trial",
+}
 # What only the tools need, never a fit.
 TOOL_LIBRARIES = {"optuna", "onnx", "onnxruntime", "onnxscript", "matplotlib"}
 

@@ -6,11 +6,11 @@ rarely need to edit it.
 
 Two layers, imports running one way (tests/kit/test_imports.py holds them):
 
-    tools      doctor  memory  bench  export  sweep  trial  repeat  stopping
+    tools      doctor  memory  collectives  bench  export  sweep  trial  repeat  stopping
                  |  each a command of its own, built on the core
                  v
     run core   cli (fit, validate, test, predict) and what it imports: spec,
-               callbacks, console, checkpoints, runs, resume, sharding, data,
+               callbacks, console, watch, checkpoints, runs, resume, sharding, data,
                health, peaks, footprint, hardware, hints, predict, machine, internals
 
 The core never imports a tool, nor Optuna or ONNX: a fit loads none of them, and
@@ -22,6 +22,8 @@ sharding and hints only for an FSDP run and a failure.
     callbacks    the environment report, the context the error hints keep, the kit's
                  callbacks as one
     console      train/loss once a logging window, the progress bar, the model summary
+    watch        a diverged run stops before it saves; a job whose ranks stop meeting
+                 ends in seconds, naming the rank
     checkpoints  best and last, `--ckpt_path last`, interrupted.ckpt, the file check
     runs         one run directory per run, continued on resume; the line a fit ends with
     resume       the random states and data position a checkpoint carries: resumes exact
@@ -43,4 +45,6 @@ sharding and hints only for an FSDP run and a failure.
     stopping     what a sweep and its trials share: their errors, the stop signal
     doctor       `doctor`: is this machine ready to train (never imports Lightning)
     memory       `doctor --memory`: a step's activations, and whether a run fits per rank
+    collectives  `doctor --distributed`: can local ranks form a group, and what in the
+                 environment breaks one
 """

@@ -42,6 +42,7 @@ from .callbacks import (
     FailureContext,
     KitCallbacks,
     NoProfiler,
+    find_callback,
     keep_context,
 )
 from .checkpoints import (
@@ -83,6 +84,7 @@ from .runs import (
     run_of_checkpoint,
 )
 from .spec import ConfigError, FSDPOptions, Project
+from .watch import Diverged, Divergence, RankWatch
 
 # What each logger needs from the environment before it starts (a variable the
 # user set wins): MLflow 3 refuses its local file store unless asked (a folder
@@ -309,6 +311,8 @@ class ProjectCLI(LightningCLI):
             }
         )
         parser.add_lightning_class_args(TrainLoss, "train_loss")
+        parser.add_lightning_class_args(Divergence, "divergence")
+        parser.add_lightning_class_args(RankWatch, "distributed")
         parser.add_class_arguments(FSDPOptions, "fsdp", fail_untyped=False)
         parser.add_lightning_class_args(EnvironmentReport, "environment_report")
         parser.add_lightning_class_args(TrainingHealth, "health")
@@ -469,6 +473,9 @@ class ProjectCLI(LightningCLI):
         if type(trainer.profiler) is PassThroughProfiler:  # no --trainer.profiler given
             trainer.profiler = NoProfiler()
         choose_rendezvous_port(trainer)
+        watch = find_callback(trainer, RankWatch)
+        if watch is not None:
+            watch.arm(trainer)
         return trainer
 
     def before_instantiate_classes(self) -> None:
@@ -571,7 +578,7 @@ def run(args: list[str] | None, project: Project) -> int:
 
     Nothing is swallowed: the traceback is printed in full and the exit code is
     1; 2 for an unusable checkpoint file (the message says which and why); 143
-    (128 + SIGTERM) when a scheduler stopped the run.
+    (128 + SIGTERM) when a scheduler stopped the run; 1 and one line when it diverged.
     """
     try:
         main(args, project)
@@ -579,6 +586,10 @@ def run(args: list[str] | None, project: Project) -> int:
         if getattr(rank_zero_only, "rank", 0) == 0:
             print(f"error: {error}", file=sys.stderr)
         return 2
+    except Diverged as error:  # every rank stops at the same point: one line
+        if getattr(rank_zero_only, "rank", 0) == 0:
+            print(error, file=sys.stderr)
+        return 1
     except CheckpointSaveError as error:  # a rank's own disk
         print(f"{_rank()}error: {error}", file=sys.stderr)
         return 2

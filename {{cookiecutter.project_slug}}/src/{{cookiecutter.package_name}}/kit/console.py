@@ -7,6 +7,7 @@ FLOPs it cannot know (the health report counts them on the first step).
 """
 
 import logging
+import math
 from collections.abc import Mapping
 from time import monotonic
 from typing import Any
@@ -16,6 +17,7 @@ from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import ModelSummary, TQDMProgressBar
 
 from .internals import accumulating, format_summary_table, loggers_write_now, logging_step
+from .watch import check_loss
 
 log = logging.getLogger("lightning.pytorch.callbacks.model_summary")
 
@@ -31,8 +33,9 @@ class TrainLoss(Callback):
     """Logs `train/loss`: the mean training loss over each logging window.
 
     Each step's loss stays on the device. On the steps the logger writes
-    (every `--trainer.log_every_n_steps`) the window's mean is read once, as
-    one number, and shown where `self.log(..., prog_bar=True)` would show it:
+    (every `--trainer.log_every_n_steps`) the window's mean over every rank is
+    read once, as one number (a loss that is no longer finite stops the run
+    there: kit/watch.py), and shown where `self.log(..., prog_bar=True)` would show it:
     on the progress bar and in `trainer.callback_metrics`, which checkpoints
     and early stopping monitor. The loggers receive the numbers in groups,
     every `write_every` seconds and at each epoch's end, each at its own step.
@@ -60,41 +63,68 @@ class TrainLoss(Callback):
         self._pending: list[tuple[int, int, float]] = []
         self._module_logs_it: bool | None = None
         self._carried = 0.0  # the window's sum before a resume (its count is in _count)
+        self._strategy: Any = None  # where the ranks' sums meet, with several
+        self._first = 0  # the window's first step
+        self._last_finite: tuple[float, str] | None = None
+
+    def on_train_start(self, trainer: Trainer, pl_module) -> None:
+        self._strategy = trainer.strategy if trainer.world_size > 1 else None
+        self._first = logging_step(trainer)
+        self._last_finite = None
+
+    def _window_sum(self) -> torch.Tensor:
+        """The open window's sum, averaged over the ranks: the same on every rank."""
+        total = torch.stack(self._losses).sum(dtype=torch.float32)
+        if self._strategy is not None:
+            total = self._strategy.reduce(total, reduce_op="mean")
+        return total
 
     def on_train_batch_end(self, trainer: Trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if self._module_logs_it or not trainer.log_every_n_steps:
+        if not trainer.log_every_n_steps:
             return
         loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
         if not isinstance(loss, torch.Tensor):
             return
         if self._module_logs_it is None:
             self._module_logs_it = self.NAME in trainer.callback_metrics
-            if self._module_logs_it:
-                return
+        if self._module_logs_it:  # its curve is the module's; the kit checks this step's loss
+            if logs_this_step(trainer):
+                self._losses = [loss]  # (divided by the accumulated batches, as below)
+                value = self._window_sum().item() * trainer.accumulate_grad_batches  # one read
+                self._losses, window = [], f"step {logging_step(trainer)}"
+                last = self._last_finite
+                check_loss(trainer, pl_module, "the training loss", value, window, last)
+                if math.isfinite(value):
+                    self._last_finite = (value, window)
+            return
         self._losses.append(loss)  # already detached by Lightning
         self._count += 1
         if len(self._losses) >= self.FOLD:
             self._losses = [torch.stack(self._losses).sum(dtype=torch.float32)]
         if logs_this_step(trainer):
             # Lightning divides the loss it hands over by the accumulated batches.
-            total = torch.stack(self._losses).sum(dtype=torch.float32)
-            total = total.item() + self._carried  # the one read
+            total = self._window_sum().item() + self._carried  # the one read
             mean = total * trainer.accumulate_grad_batches / self._count
             self._losses, self._count, self._carried = [], 0, 0.0
-            trainer.callback_metrics[self.NAME] = torch.tensor(mean)
-            trainer.progress_bar_metrics[self.NAME] = mean
             # Lightning's x-axis for a step's metrics: the optimizer steps before this one.
             step = logging_step(trainer)
+            window = f"steps {self._first}-{step}"
+            check_loss(trainer, pl_module, self.NAME, mean, window, self._last_finite)
+            if math.isfinite(mean):
+                self._last_finite = (mean, window)
+            self._first = step + 1
+            trainer.callback_metrics[self.NAME] = torch.tensor(mean)
+            trainer.progress_bar_metrics[self.NAME] = mean
             self._pending.append((step, trainer.current_epoch, mean))
             if self.clock() - self._written_at >= self.write_every:
                 self.write(trainer)
 
     # The open window goes into checkpoints, so a resumed run logs the same curve
-    # (read from the device only when a checkpoint is saved).
+    # (read from the device only when a checkpoint is saved, which every rank does).
     def state_dict(self) -> dict[str, Any]:
         if not self._count:
             return {}
-        total = sum(float(loss.sum(dtype=torch.float32)) for loss in self._losses)
+        total = float(self._window_sum()) if self._losses else 0.0
         return {"sum": total + self._carried, "count": self._count}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

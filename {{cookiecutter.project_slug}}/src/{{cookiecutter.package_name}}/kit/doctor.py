@@ -12,6 +12,9 @@ broken, and it answers fast.
                                     # or FSDP (--world-size N, --devices-free-gib X; kit/memory.py)
     <command> doctor --ckpt PATH    # on which numbers of processes and batches a checkpoint
                                     # resumes with its global batch (kit/resume.py)
+    <command> doctor --distributed  # and can N local ranks form a process group: an
+                                    # all-reduce and a broadcast, timed, under --timeout
+                                    # (--world-size N; kit/collectives.py)
 
 `--memory` needs the project, so it imports Lightning and your code; the plain
 doctor never does.
@@ -114,11 +117,14 @@ def package_versions(names: tuple[str, ...] = ("lightning", "torchmetrics")) -> 
 
 
 def collect() -> dict[str, Any]:
+    from .collectives import environment
+
     return {
         "python": platform.python_version(),
         "platform": f"{platform.system()} {platform.machine()}",
         "torch": probe_torch(),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "environment": environment(os.environ),  # the rendezvous, launcher and NCCL variables
         "nvidia_smi": probe_nvidia_smi(),
         "packages": package_versions(),
     }
@@ -192,6 +198,9 @@ def diagnose(facts: dict[str, Any]) -> list[Finding]:
     visible = facts["cuda_visible_devices"]
     if visible is not None:
         findings += _visible_device_findings(visible, smi)
+    from .collectives import stray_variables
+
+    findings += [Finding(**found) for found in stray_variables(facts.get("environment", {}))]
     if cuda_build and t["cuda_available"] and not t["cudnn_available"]:
         findings.append(
             Finding(
@@ -295,7 +304,10 @@ def parser(command: str = "doctor") -> argparse.ArgumentParser:
         " which fits; exit 1 when neither does",
     )
     group.add_argument(
-        "--world-size", type=int, help="ranks to plan for (default: the visible GPUs, else 1)"
+        "--world-size",
+        type=int,
+        help="ranks to plan for (default: the visible GPUs, else 1); with --distributed, to"
+        " start (default: the visible GPUs, else 2)",
     )
     group.add_argument(
         "--devices-free-gib",
@@ -304,6 +316,20 @@ def parser(command: str = "doctor") -> argparse.ArgumentParser:
         help="plan for GPUs with this much free memory each, not this machine's",
     )
     group.add_argument("--precision", help="the run's precision (default: what fit would use here)")
+    group = parser.add_argument_group("distributed (starts local processes)")
+    group.add_argument(
+        "--distributed",
+        action="store_true",
+        help="form a process group of --world-size local ranks (NCCL on GPUs, gloo on the"
+        " CPU), time an all-reduce and a broadcast; exit 1 unless every rank finishes",
+    )
+    group.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help="end the check and name the ranks that did not arrive or finish after this long"
+        " (default: 30)",
+    )
     parser.add_argument(
         "--ckpt",
         metavar="PATH",
@@ -313,7 +339,13 @@ def parser(command: str = "doctor") -> argparse.ArgumentParser:
     return parser
 
 
-MEMORY_ONLY = ("world_size", "devices_free_gib", "precision")
+# The flags that only mean something with another, and which.
+ONLY_WITH = {
+    "world_size": ("memory", "distributed"),
+    "devices_free_gib": ("memory",),
+    "precision": ("memory",),
+    "timeout": ("distributed",),
+}
 
 
 def main(
@@ -330,11 +362,18 @@ def main(
         at = words.index("--")
         words, flags = words[:at], words[at + 1 :]
     args = parser(command).parse_args(words)
-    given = [name for name in MEMORY_ONLY if getattr(args, name) is not None]
-    if (given or flags) and not args.memory:
-        named = ", ".join(f"--{name.replace('_', '-')}" for name in given) or "flags after `--`"
-        print(f"error: {named}: only with --memory", file=sys.stderr)
+    if flags and not args.memory:
+        print("error: flags after `--`: only with --memory", file=sys.stderr)
         return 2
+    for name, needs in ONLY_WITH.items():
+        if getattr(args, name) is not None and not any(getattr(args, n) for n in needs):
+            named = " or ".join(f"--{n}" for n in needs)
+            print(f"error: --{name.replace('_', '-')}: only with {named}", file=sys.stderr)
+            return 2
+    for name in ("world_size", "timeout") if args.distributed else ():
+        if (value := getattr(args, name)) is not None and value <= 0:
+            print(f"error: --{name.replace('_', '-')} {value:g}: must be above 0", file=sys.stderr)
+            return 2
     if args.ckpt is not None:
         return checkpoint_report(args.ckpt)
     facts = collect()
@@ -346,12 +385,20 @@ def main(
         if isinstance(memory, str):
             print(memory, file=sys.stderr)
             return 2
+    distributed = None
+    if args.distributed and facts["torch"].get("importable"):
+        from .collectives import TIMEOUT, check
+
+        timeout = args.timeout or TIMEOUT
+        distributed = check(facts["torch"], args.world_size, timeout, command=command)
     if args.json:
         report = {**facts, "problems": [asdict(f) for f in findings], "ok": ok}
         if memory is not None:
             from .memory import plan_json
 
             report["memory"] = plan_json(memory)
+        if distributed is not None:
+            report["distributed"] = distributed
         print(json.dumps(report, indent=2))
     else:
         print(format_report(facts, findings))
@@ -359,9 +406,15 @@ def main(
             from .memory import format_plan
 
             print(f"\n{format_plan(memory)}")
+        if distributed is not None:
+            from .collectives import format_check
+
+            print(f"\n{format_check(distributed)}")
         if args.require_gpu and not ok:
             print("doctor --require-gpu: no usable GPU (see the problems above).", file=sys.stderr)
     if memory is not None and memory.kind == "neither":
+        return 1
+    if distributed is not None and not distributed["ok"]:
         return 1
     return 0 if ok else 1
 

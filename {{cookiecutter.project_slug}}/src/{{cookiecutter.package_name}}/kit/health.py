@@ -8,6 +8,11 @@ step's FLOPs and the FLOP/s achieved, MFU against the device's peak
 (`kit/peaks.py`), the peak memory allocated on each CUDA device and the
 effective batch size. It adds no device sync to any step.
 
+Under DDP and FSDP every rank waits for the slowest, so at the end of fit it
+gathers each rank's step time, data wait and what the rank takes to reach the
+step's gradient sync (data wait + forward), one line a rank, and names a rank
+20% slower than the median with its likeliest cause: its loader or its compute.
+
 Where the time goes is read off the clock that sees it. On the CPU that is the
 host clock: the time from one batch's end to the next one's start is data
 wait. On CUDA the host runs ahead of the device, so host time says little: two
@@ -23,13 +28,16 @@ own; here the FLOPs are those of the first real step (torch's FlopCounterMode),
 and nothing waits for the device.
 """
 
+import warnings
 from collections import deque
 from collections.abc import Callable
+from operator import itemgetter
 from time import perf_counter
 from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
@@ -111,6 +119,48 @@ def batchnorm_advice(
     return None
 
 
+LOADER = "its loader (more --data.num_workers, data on a local disk)"
+COMPUTE = "its compute (a slower, throttled or shared device, or heavier batches)"
+# Strategies whose forward can all-gather parameters (FSDP; DeepSpeed's ZeRO-3).
+SHARDED = (FSDPStrategy, ModelParallelStrategy, DeepSpeedStrategy)
+
+
+def slow_rank(
+    ranks: list[dict[str, Any]], sharded: bool, threshold: float = 0.2
+) -> dict[str, Any] | None:
+    """The rank that holds the others up at each step's gradient sync: its rank, cause and
+    message; None when none is `threshold` slower than the median rank.
+
+    All ranks leave a step's gradient all-reduce together, so data wait plus step time is
+    about the same on each: the fast ones wait inside the collectives. A rank is slow by
+    what it takes to reach the sync (`sync_ms`): its data wait plus its forward.
+    """
+    wait, arrival = itemgetter("data_wait_ms"), itemgetter("sync_ms")
+
+    def median(key: Callable[[dict], float]) -> dict[str, Any]:  # the lower one: a real rank
+        return sorted(ranks, key=key)[(len(ranks) - 1) // 2]
+
+    typical, slowest = median(arrival), max(ranks, key=arrival)
+    # Under FSDP the forward all-gathers (a fast rank waits in it): only the data wait tells.
+    if not sharded and arrival(slowest) >= (1 + threshold) * arrival(typical) > 0:
+        head = f"is {arrival(slowest) / arrival(typical):.1f}x slower than the median to reach"
+        head += " each step's gradient sync"
+        data = wait(slowest) - wait(typical) >= slowest["forward_ms"] - typical["forward_ms"]
+    else:
+        # A slow loader holds every rank up wherever the others wait for it: FSDP's
+        # all-gathers, or DDP's buffer broadcast or SyncBatchNorm in the forward.
+        typical, slowest = median(wait), max(ranks, key=wait)
+        late = (wait(slowest) - wait(typical)) / (wait(typical) + typical["step_ms"] or 1)
+        if late < threshold:
+            return None
+        head, data = f"holds up each step's gradient sync by {100 * late:.0f}% of a step", True
+    key, fix = ("data_wait_ms", LOADER) if data else ("forward_ms", COMPUTE)
+    what = "it waits {:.0f} ms a step for data" if data else "its forward takes {:.0f} ms a step"
+    why = f"{what.format(slowest[key])} (the median rank {typical[key]:.0f} ms): {fix}"
+    message = f"rank {slowest['rank']} {head}: {why}"
+    return {"rank": slowest["rank"], "cause": "data" if data else "compute", "message": message}
+
+
 class TrainingHealth(Callback):
     """Throughput, data wait, FLOPs and MFU, peak memory and effective batch, on rank 0."""
 
@@ -118,6 +168,10 @@ class TrainingHealth(Callback):
     # A CUDA event that records timing; `events` None means: on CUDA devices.
     event: Callable[[], Any] = staticmethod(lambda: torch.cuda.Event(enable_timing=True))
     events: bool | None = None
+    # Every rank's tensor, stacked; tests gather fake ranks' figures.
+    gather: Callable[[LightningModule, torch.Tensor], torch.Tensor] = staticmethod(
+        lambda module, tensor: module.all_gather(tensor)
+    )
 
     def __init__(self, every_n_steps: int = 0, data_wait_warn: float = 0.3) -> None:
         self.every_n_steps = every_n_steps
@@ -128,11 +182,12 @@ class TrainingHealth(Callback):
         self._reset()
 
     def _reset(self) -> None:
-        self.wait = self.compute = 0.0
+        self.wait = self.compute = self.forward = 0.0
         self.samples = self.steps = self.timed_steps = 0
-        self._ready = self._start = None
-        # Steps not yet read off the clock: (previous step's end, start, end, samples).
-        self._pending: deque[tuple[Any, Any, Any, int]] = deque()
+        self._ready = self._start = self._sync = None
+        self._since = (0.0, 0.0, 0.0, 0)  # this process's own counters start here
+        # Steps not yet read off the clock: (previous step's end, start, backward, end, samples).
+        self._pending: deque[tuple[Any, Any, Any, Any, int]] = deque()
         self.flops_per_batch: int | None = None
         self._counter: FlopCounterMode | None = None
         self._peak_unknown_said = False
@@ -152,17 +207,18 @@ class TrainingHealth(Callback):
         """Add the steps whose end has passed to the totals (`wait`: all of them, waiting
         for the device once; only outside the steps)."""
         if wait and self._device_clock and self._pending:
-            self._pending[-1][2].synchronize()
-        while self._pending and (not self._device_clock or self._pending[0][2].query()):
-            before, start, end, samples = self._pending.popleft()
+            self._pending[-1][3].synchronize()
+        while self._pending and (not self._device_clock or self._pending[0][3].query()):
+            before, start, sync, end, samples = self._pending.popleft()
             if before is not None:
                 self.wait += self._seconds(before, start)
             self.compute += self._seconds(start, end)
+            self.forward += self._seconds(start, end if sync is None else sync)
             self.samples += samples
             self.timed_steps += 1
 
     # The counters go into checkpoints: a resumed run's report covers the whole run.
-    COUNTERS = ("wait", "compute", "samples", "steps", "timed_steps", "flops_per_batch")
+    COUNTERS = ("wait", "compute", "forward", "samples", "steps", "timed_steps", "flops_per_batch")
 
     def state_dict(self) -> dict[str, Any]:
         self._read_clock(wait=True)  # a device clock's pending steps, read at a save only
@@ -177,6 +233,8 @@ class TrainingHealth(Callback):
         if loaded and trainer.ckpt_path:
             for name in self.COUNTERS:
                 setattr(self, name, loaded.get(name, getattr(self, name)))
+        # A checkpoint holds rank 0's counters: each rank's own figures start here.
+        self._since = (self.compute, self.wait, self.forward, self.timed_steps)
         self.summary = {}
         device = trainer.strategy.root_device
         self._device_clock = device.type == "cuda" if self.events is None else self.events
@@ -203,7 +261,13 @@ class TrainingHealth(Callback):
             # Count the first step's FLOPs as it runs: no extra forward, nothing to copy.
             self._counter = FlopCounterMode(display=False)
             self._counter.__enter__()
+        self._sync = None
         self._start = self._now()
+
+    def on_before_backward(self, trainer, pl_module, loss) -> None:
+        # Under DDP the backward all-reduces the gradients: this rank has reached the sync.
+        if self._sync is None and self.steps > 0:  # the first backward of a timed step
+            self._sync = self._now()
 
     def _stop_counting(self) -> None:
         if self._counter is not None:
@@ -220,7 +284,7 @@ class TrainingHealth(Callback):
         # The fit's first step is not timed: it counts the FLOPs, and compiles and
         # loads kernels for the first time.
         if self._start is not None and self.steps > 0:
-            self._pending.append((self._ready, self._start, end, batch_length(batch)))
+            self._pending.append((self._ready, self._start, self._sync, end, batch_length(batch)))
         self._ready = end
         self.steps += 1
         self._read_clock()
@@ -265,6 +329,38 @@ class TrainingHealth(Callback):
             "effective_batch_size": loader_facts(trainer)["effective_batch_size"],
         }
 
+    def measure_ranks(self, trainer: Trainer, pl_module: LightningModule) -> list[dict[str, Any]]:
+        """Each rank's ms a step in this process's run (one all_gather, at the end of fit)."""
+        steps = self.timed_steps - self._since[3]
+        if not steps:  # on every rank alike
+            return []
+        totals = zip((self.compute, self.wait, self.forward), self._since[:3], strict=True)
+        mine = torch.tensor([1000 * (now - then) / steps for now, then in totals])
+        with warnings.catch_warnings():  # Lightning's all_gather calls one torch deprecates
+            warnings.filterwarnings("ignore", r"torch\.distributed\.nn\.functional\.all_gather")
+            rows = self.gather(pl_module, mine.to(trainer.strategy.root_device)).reshape(-1, 3)
+        ranks = []
+        for rank, (step, wait, forward) in enumerate(rows.tolist()):
+            ranks.append({"rank": rank, "step_ms": round(step, 1), "data_wait_ms": round(wait, 1)})
+            ranks[-1] |= {"forward_ms": round(forward, 1), "sync_ms": round(wait + forward, 1)}
+        return ranks
+
+    def report_ranks(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Under DDP and FSDP: one line a rank, and the rank that holds the others up."""
+        self.summary["ranks"] = ranks = self.measure_ranks(trainer, pl_module)
+        self.summary["slow_rank"] = None
+        if len(ranks) < 2:
+            return
+        sharded, lines = isinstance(trainer.strategy, SHARDED), []
+        for r in ranks:
+            line = f"rank {r['rank']}: step {r['step_ms']}, data wait {r['data_wait_ms']}"
+            sync = f", to reach the gradient sync (data wait + forward) {r['sync_ms']}"
+            lines.append(line + ("" if sharded else sync))
+        rank_zero_info("Training health per rank, ms a step:\n  " + "\n  ".join(lines))
+        self.summary["slow_rank"] = slow = slow_rank(ranks, sharded)
+        if slow:
+            rank_zero_warn(slow["message"])
+
     def report(self, trainer: Trainer, pl_module: LightningModule, final: bool) -> None:
         # Every rank measures (the memory gather is a collective); rank 0 prints.
         self.summary = facts = self.measure(trainer, pl_module)
@@ -302,6 +398,8 @@ class TrainingHealth(Callback):
         parts.append(counted)
         title = "Training health: " if final else "Training health so far: "
         rank_zero_info(title + " | ".join(parts))
+        if final:
+            self.report_ranks(trainer, pl_module)
         if final and (facts["data_wait_share"] or 0) > self.data_wait_warn:
             workers = loader_facts(trainer)["num_workers"]
             rank_zero_warn(

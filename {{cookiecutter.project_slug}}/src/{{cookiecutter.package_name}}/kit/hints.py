@@ -167,24 +167,49 @@ HINTS: tuple[Hint, ...] = (
         ),
     ),
     Hint(
+        symptom="the rendezvous port is already taken (EADDRINUSE)",
+        pattern=r"EADDRINUSE|[Aa]ddress already in use",
+        meaning="Rank 0 could not listen on MASTER_PORT: another process on this machine"
+        " (another job, or this one still running) holds it.",
+        causes=(
+            "`MASTER_PORT` set in the shell or job script to a port another job uses",
+            "an earlier run of the same command still running, or not yet ended",
+        ),
+        fixes=(
+            "unset `MASTER_PORT` on one machine: the kit picks a free port",
+            "or choose another: `MASTER_PORT=29511`; `ss -ltnp` shows who holds a port",
+        ),
+    ),
+    Hint(
         symptom="NCCL/gloo timeout or connection error between ranks",
         pattern=r"DistNetworkError|DistStoreError|Timed out initializing process group"
         r"|TCPStore.*([Tt]imed out|[Tt]imeout|refused)|gloo.*[Tt]imed out|Socket Timeout"
         r"|Connection closed by peer"
         r"|NCCL error|Watchdog caught collective operation timeout",
         meaning="The ranks could not all meet or lost each other: some never started,"
-        " cannot reach rank 0, or died.",
+        " cannot reach rank 0, or died; or a collective they all entered never completes.",
         causes=(
             "world size mismatch: `--trainer.num_nodes` x `--trainer.devices` differs from the"
             " processes actually started",
+            "a stray `NODE_RANK`, `LOCAL_RANK`, `WORLD_SIZE` or `MASTER_ADDR` in the shell, from"
+            " an earlier job: Lightning reads them and waits for ranks that never come",
             "`MASTER_ADDR`/`MASTER_PORT` unreachable from other nodes (firewall, wrong address)",
+            "NCCL's peer-to-peer path broken on this machine's PCIe topology (an all-reduce"
+            " that hangs on some machines only)",
             "NCCL or gloo bound to the wrong network interface",
             "a rank crashed (before init or mid-run); its own log has the first error",
         ),
         fixes=(
-            "start the same command on every node with the same `MASTER_ADDR` and `MASTER_PORT`",
+            f"`{COMMAND} doctor --distributed` forms a group on this machine and names what is"
+            " wrong",
+            "start the same command on every node with the same `MASTER_ADDR` and `MASTER_PORT`;"
+            " unset `NODE_RANK`, `LOCAL_RANK`, `WORLD_SIZE` outside a launcher",
+            "`NCCL_P2P_DISABLE=1` where an all-reduce hangs on one machine;"
+            " `NCCL_IB_DISABLE=1` where InfiniBand does not work",
             "`NCCL_DEBUG=INFO` shows what NCCL tried; pin the interface with"
             " `NCCL_SOCKET_IFNAME`/`GLOO_SOCKET_IFNAME`",
+            "`--distributed.timeout SECONDS` ends a stalled job sooner, naming the rank that"
+            " did not arrive",
         ),
     ),
     Hint(

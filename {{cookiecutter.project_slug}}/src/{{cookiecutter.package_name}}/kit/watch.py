@@ -1,0 +1,430 @@
+"""What stops a run that went wrong at once, and says why, in one line.
+
+`Divergence` (`--divergence.*`): a training loss, a monitored metric or weights
+that are no longer finite stop the run, every rank at the same point, before a
+non-finite state is written over a good checkpoint. The loss is checked where
+`TrainLoss` already reads it, once a logging window (no host sync of its own);
+`--divergence.every_step true` reads every step's, for finding the step.
+
+`RankWatch` (`--distributed.*`): a job of several processes whose ranks stop
+meeting ends in seconds, not at the process group's 30-minute timeout:
+
+- a rank that fails writes its error into the job's store (rank 0's TCPStore,
+  which outlives any collective); every other rank reads it within a second,
+  says `stopping: rank 1 failed: ...` and exits 1;
+- a rank that Lightning's launcher started ends when the launcher (rank 0) has;
+- when no rank advanced for `timeout` seconds (`start_timeout` until every rank
+  met), the ranks compare where they are through the store: rank 0 names the
+  ranks that did not arrive (where they are, their Python line), or says that
+  every rank waits in a collective that does not complete, with the usual causes.
+
+The watch is a thread: the steps only count their hooks (no clock, no device).
+"""
+
+import json
+import math
+import os
+import sys
+import threading
+from collections.abc import Mapping
+from datetime import timedelta
+from pathlib import Path
+from time import monotonic, sleep
+from typing import Any
+
+import torch
+from lightning.fabric.plugins.environments import LightningEnvironment
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+
+class Diverged(RuntimeError):
+    """A loss, a monitored metric or the weights stopped being finite; the message says
+    where, the last finite value, and what to try."""
+
+
+def finite(tensors) -> bool:
+    """Whether every value of `tensors` (this rank's shard of a DTensor) is finite: one
+    read of the device for all of them. A sum is finite only if its terms are."""
+    sums = [
+        (t.to_local() if hasattr(t, "to_local") else t).detach().sum(dtype=torch.float32)
+        for t in tensors
+        if t.is_floating_point()
+    ]
+    return not sums or bool(torch.isfinite(torch.stack(sums).sum()))
+
+
+def weights_finite(trainer: Trainer, module: LightningModule) -> bool:
+    """Whether the weights of every rank are finite (a collective: every rank asks)."""
+    return trainer.strategy.reduce_boolean_decision(finite(module.parameters()), all=True)
+
+
+def diverged(
+    trainer: Trainer, what: str, window: str, last: tuple[float, str] | None, saved: str = ""
+) -> str:
+    """The line a divergence stops the run with: what, where, the last finite value, and
+    what to try."""
+    tries = ["a lower learning rate"]
+    if str(trainer.precision).startswith("16"):
+        tries.append("--trainer.precision bf16-mixed instead of 16-mixed")
+    if not trainer.gradient_clip_val:
+        tries.append("--trainer.gradient_clip_val 1.0")
+    tries.append(f"a look at the batches of {window}")
+    before = f"; the last finite value was {last[0]:.6g}, at {last[1]}" if last else ""
+    return (
+        f"diverged: {what} at epoch {trainer.current_epoch}, {window}{before}. {saved}Nothing"
+        " non-finite was saved: `fit --ckpt_path last` resumes from the last good"
+        f" checkpoint. Try {', '.join(tries)}"
+    )
+
+
+def check_loss(
+    trainer: Trainer,
+    module: LightningModule,
+    name: str,
+    value: float,
+    window: str,
+    last: tuple[float, str] | None,
+) -> None:
+    """Stop the run on a non-finite training loss `value`, seen alike by every rank;
+    unless fp16's GradScaler skipped those steps and the weights are still finite."""
+    if math.isfinite(value):
+        return
+    if getattr(trainer.precision_plugin, "scaler", None) is not None:
+        if weights_finite(trainer, module):
+            rank_zero_warn(
+                f"{name} was {value} over {window}: 16-mixed's gradient scaler skipped those"
+                " steps and the weights are finite; training goes on"
+            )
+            return
+    raise Diverged(diverged(trainer, f"{name} is {value}", window, last))
+
+
+class Divergence(Callback):
+    """Stops a run whose loss, monitored metric or weights are no longer finite, on every
+    rank together, before anything non-finite is saved.
+
+    Args:
+        every_step: read every step's training loss (a host sync a step: for finding
+            the step a divergence starts at, not for speed); by default it is checked
+            once a logging window, where `train/loss` is read anyway.
+    """
+
+    def __init__(self, every_step: bool = False) -> None:
+        self.every_step = every_step
+        self._last_loss: tuple[float, str] | None = None
+        self._last_metric: tuple[float, str] | None = None
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._last_loss = self._last_metric = None
+        if self.every_step:
+            rank_zero_info(
+                "divergence.every_step: each step's loss is read from the device, a host"
+                " sync a step: for finding where a run diverges, not for speed"
+            )
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if not self.every_step:
+            return
+        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+        if not isinstance(loss, torch.Tensor):
+            return
+        value = float(trainer.strategy.reduce(loss.detach().float(), reduce_op="mean"))
+        where = f"batch {trainer.fit_loop.total_batch_idx}"
+        check_loss(trainer, pl_module, "the training loss", value, where, self._last_loss)
+        if math.isfinite(value):
+            self._last_loss = (value, where)
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        monitor = getattr(trainer.checkpoint_callback, "monitor", None)
+        if trainer.sanity_checking or monitor not in trainer.callback_metrics:
+            return
+        value = float(trainer.callback_metrics[monitor])
+        where = f"epoch {trainer.current_epoch}'s validation"
+        if trainer.strategy.reduce_boolean_decision(math.isfinite(value), all=True):
+            self._last_metric = (value, where)
+            return
+        raise Diverged(diverged(trainer, f"{monitor} is {value}", where, self._last_metric))
+
+    # Every save passes here first, on every rank: a save waits for the device anyway.
+    def on_save_checkpoint(self, trainer: Trainer, pl_module, checkpoint: dict[str, Any]) -> None:
+        if not weights_finite(trainer, pl_module):
+            what, window = "the weights are not finite", f"step {trainer.global_step}"
+            saved = "The checkpoint due there was not written. "
+            raise Diverged(diverged(trainer, what, window, None, saved))
+
+
+# Stops every rank meets at once, each on its own: no rank tells the others.
+SHARED_STOPS = (SIGTERMException, KeyboardInterrupt, Diverged)
+
+COLLECTIVE_CAUSES = (
+    "NCCL's peer-to-peer path broken on this machine (NCCL_P2P_DISABLE=1),"
+    " InfiniBand that does not work (NCCL_IB_DISABLE=1), the wrong network interface"
+    " (NCCL_SOCKET_IFNAME); `doctor --distributed` tests the machine"
+)
+STRAGGLER_CAUSES = (
+    "code that runs on some ranks only (a branch on self.global_rank around a step, a log"
+    " with sync_dist=True on one rank), a loader or file system that stalled, another"
+    " number of batches on that rank"
+)
+
+
+def plural(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+
+
+def hang_report(answers: dict[int, dict[str, Any]], world: int, idle: float, flag: str) -> str:
+    """What the ranks' positions say of a job in which none advanced for `idle` seconds:
+    `answers` maps each rank that answered to its hook count, where it is and its line."""
+    missing = [rank for rank in range(world) if rank not in answers]
+    top = max((a["count"] for a in answers.values()), default=0)
+    behind = sorted(rank for rank, a in answers.items() if a["count"] < top)
+    ahead = sorted(rank for rank, a in answers.items() if a["count"] == top)
+    parts = [f"stopped: no rank advanced for {idle:.0f} s ({flag})"]
+    if missing:
+        parts.append(
+            f"{plural(missing)} did not answer: its process has ended or is frozen"
+            " (a node that went down, the OOM killer)"
+        )
+    for rank in behind:
+        parts.append(
+            f"rank {rank} did not arrive: last seen {answers[rank]['where']}, now at"
+            f" {answers[rank]['line']}"
+        )
+    if ahead and (behind or missing):
+        waits = "waits" if len(ahead) == 1 else "wait"
+        parts.append(f"{plural(ahead)} {waits} {answers[ahead[0]]['where']}")
+        parts.append(f"usual causes: {STRAGGLER_CAUSES}")
+    elif ahead:
+        parts.append(
+            f"every rank is {answers[ahead[0]]['where']}: a collective they all entered"
+            f" does not complete; usual causes: {COLLECTIVE_CAUSES}"
+        )
+    return "; ".join(parts)
+
+
+def main_thread_line() -> str:
+    """`file:line in function` of what the main thread runs now."""
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    if frame is None:
+        return "an unknown line"
+    code = frame.f_code
+    return f"{Path(code.co_filename).name}:{frame.f_lineno} in {code.co_name}"
+
+
+def launcher_gone(parent: int) -> bool:
+    """Whether the process that started this one, Lightning's launcher (rank 0, running
+    the same command), has ended: this one was handed to another parent, or already had
+    been (the parent it has runs something else)."""
+    if os.getppid() != parent:
+        return True
+    try:
+        words = Path(f"/proc/{parent}/cmdline").read_bytes().split(b"\0")[:-1]
+    except OSError:  # no /proc: the parent's id is all there is to go by
+        return False
+    mine = [word.encode() for word in sys.argv[1:]]
+    return bool(mine) and words[-len(mine) :] != mine
+
+
+class RankWatch(Callback):
+    """Ends a job of several processes in seconds when its ranks stop meeting, and says
+    which rank and why (the module's docstring has how).
+
+    Args:
+        timeout: seconds without any rank advancing (a batch, a backward) before the
+            job ends, naming the ranks that did not arrive. Below the process group's
+            own timeout (30 minutes), so the kit's account comes first.
+        start_timeout: the same until every rank has met (before the first setup
+            barrier), when a misconfiguration is likeliest.
+    """
+
+    clock = staticmethod(monotonic)
+    poll = 1.0  # seconds between two looks
+    grace = 30.0  # seconds the ranks wait for each other's positions, at most
+
+    def __init__(self, timeout: float = 600.0, start_timeout: float = 300.0) -> None:
+        for name, value in (("timeout", timeout), ("start_timeout", start_timeout)):
+            if not value > 0:
+                raise ValueError(f"distributed.{name}={value}: give a number of seconds > 0")
+        self.timeout = timeout
+        self.start_timeout = start_timeout
+        self._count = 0
+        self._where: tuple[str, int] = ("starting", 0)
+        self._met = False
+        self._store: Any = None
+        self._stopped = False  # the fit ended, or failed on this rank
+        self._trainer: Trainer | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy of the callback (a deep copy of a module that knows its trainer) watches
+        # nothing: the store's connection and the trainer stay with the original.
+        return {**self.__dict__, "_store": None, "_trainer": None}
+
+    def arm(self, trainer: Trainer) -> None:
+        """Start watching `trainer`'s job (called once it is built; nothing for one process)."""
+        if trainer.world_size < 2:
+            return
+        self._trainer, self._stopped = trainer, False
+        environment = getattr(trainer.strategy, "cluster_environment", None)
+        launched = (
+            type(environment) is LightningEnvironment
+            and environment.creates_processes_externally
+            and environment.local_rank() > 0
+        )
+        parent = os.getppid() if launched else None
+        threading.Thread(target=self._watch, args=(parent,), name="rank-watch", daemon=True).start()
+
+    # The steps' only cost: a count and a label.
+    def _at(self, where: str, index: int) -> None:
+        self._count += 1
+        self._where = (where, index)
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._met = True  # after Lightning's first barrier: every rank has met
+        self._at("setting up", 0)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._at("in the forward of training batch", batch_idx)
+
+    def on_before_backward(self, trainer, pl_module, loss) -> None:
+        self._at("in the backward (the gradient sync) of training batch", self._where[1])
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self._at("after training batch", batch_idx)
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, *args) -> None:
+        self._at("in validation batch", batch_idx)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, *args):
+        self._at("after validation batch", batch_idx)
+
+    def on_exception(self, trainer: Trainer, pl_module, exception: BaseException) -> None:
+        self._stopped = True
+        if trainer.world_size < 2 or isinstance(exception, SHARED_STOPS):
+            return
+        text = str(exception).strip().splitlines()
+        said = f"rank {trainer.global_rank} failed: {type(exception).__name__}"
+        said += f": {text[0]}" if text else ""
+        try:
+            store = self._store or self._open_store()
+            first = store.compare_set(self._key("failed"), "", said).decode()
+            if first != said:  # another rank failed first: this is what followed
+                store.add(self._key("read"), 1)
+                self._exit(f"stopping: {first}")
+            # The others read it before this rank ends (the store ends with rank 0).
+            deadline = self.clock() + 3 * self.poll
+            while store.add(self._key("read"), 0) < trainer.world_size - 1:
+                if self.clock() > deadline:
+                    break
+                sleep(self.poll / 10)
+        except Exception:  # no store (yet, or any more): the others find out otherwise
+            pass
+
+    def teardown(self, trainer: Trainer, pl_module, stage: str) -> None:
+        self._stopped = True
+
+    def _key(self, name: str) -> str:
+        # A key of each start of torchrun's workers: a restarted group may share the store.
+        return f"kit/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{name}"
+
+    def _open_store(self) -> Any:
+        """A client of the job's store (rank 0's TCPStore, where Lightning said it is)."""
+        if not torch.distributed.is_initialized():
+            return None
+        self._store = torch.distributed.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            is_master=False,
+            timeout=timedelta(seconds=self.grace),
+            wait_for_workers=False,
+        )
+        return self._store
+
+    def _watch(self, parent: int | None) -> None:
+        seen, since = -1, self.clock()
+        while not self._stopped:
+            sleep(self.poll)
+            if self._stopped:
+                return
+            if self._store is None:
+                try:
+                    self._open_store()
+                except Exception:
+                    pass
+            failed = self._read("failed")
+            if failed:
+                self._read("read", add=1)
+                self._exit(f"stopping: {failed}")
+            if parent is not None and launcher_gone(parent):
+                sleep(5 * self.poll)  # at a fit's normal end, rank 0 may end first
+                if not self._stopped:
+                    self._exit("stopping: rank 0, which started this process, has ended")
+                return
+            if self._count != seen:
+                seen, since = self._count, self.clock()
+            elif self.clock() - since > (self.timeout if self._met else self.start_timeout):
+                self._stalled(self.clock() - since)
+
+    def _read(self, name: str, add: int = 0) -> str | None:
+        """The store's value of `name` (None before it has one); `add`: count it up."""
+        try:
+            if add:
+                return str(self._store.add(self._key(name), add))
+            if self._store is not None and self._store.check([self._key(name)]):
+                return self._store.get(self._key(name)).decode()
+        except Exception:  # the store is gone: rank 0 ended; the other checks decide
+            self._store = None
+        return None
+
+    def _stalled(self, idle: float) -> None:
+        trainer = self._trainer
+        rank, world = trainer.global_rank, trainer.world_size
+        if not self._met:
+            self._exit(
+                f"stopped: the job's {world} processes did not all meet within"
+                f" {self.start_timeout:g} s (--distributed.start_timeout); usual causes:"
+                " a node that did not start, another --trainer.num_nodes or --trainer.devices"
+                " on some node, a MASTER_ADDR or port that the others cannot reach (a"
+                " firewall), a stray NODE_RANK or WORLD_SIZE in the shell"
+                " (`doctor --distributed` checks the machine)"
+            )
+        where = f"{self._where[0]} {self._where[1]} of epoch {trainer.current_epoch}"
+        flag = f"--distributed.timeout {self.timeout:g}"
+        try:
+            store = self._store
+            store.set(
+                self._key(f"at/{rank}"),
+                json.dumps({"count": self._count, "where": where, "line": main_thread_line()}),
+            )
+            keys = [self._key(f"at/{r}") for r in range(world)]
+            deadline = self.clock() + self.grace
+            while self.clock() < deadline and not store.check(keys):
+                sleep(0.2)
+            answers = {
+                r: json.loads(store.get(key)) for r, key in enumerate(keys) if store.check([key])
+            }
+            if rank == 0:
+                report = hang_report(answers, world, idle, flag)
+                print(report, file=sys.stderr, flush=True)
+                store.set(self._key("said"), "1")
+                self._exit(None)
+            while self.clock() < deadline + self.grace and not store.check([self._key("said")]):
+                sleep(0.2)
+            if store.check([self._key("said")]):
+                self._exit(None)  # rank 0 said it
+            self._exit(hang_report(answers, world, idle, flag))
+        except Exception as error:  # rank 0 and its store are gone
+            self._exit(
+                f"stopped: no progress for {idle:.0f} s ({flag}) and rank 0's store does not"
+                f" answer ({type(error).__name__}): rank 0 has ended or its node is unreachable"
+            )
+
+    def _exit(self, line: str | None) -> None:
+        """Say `line` (as this rank) and end this process now: its main thread is stuck."""
+        trainer = self._trainer
+        if line:
+            print(f"[rank {trainer.global_rank}/{trainer.world_size}] {line}", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
