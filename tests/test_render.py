@@ -85,7 +85,7 @@ def expected_files(package: str, answers: dict) -> set[str]:
         "__init__ callbacks checkpoints cli console data doctor export footprint hardware health"
         " hints"
         " bench internals machine memory peaks predict repeat resume runs sharding spec stopping"
-        " sweep trial"
+        " sweep trial watch collectives"
     )
     users_tests = "conftest test_example"
     kit_tests = (
@@ -93,7 +93,7 @@ def expected_files(package: str, answers: dict) -> set[str]:
         " test_fsdp test_memory"
         " test_cli test_compile test_data test_ddp test_doctor test_export test_faults"
         " test_gpu test_hardware test_health test_hints test_imports test_internals test_model"
-        " test_peaks test_repeat test_resume test_runs test_sweep test_syncs"
+        " test_peaks test_repeat test_resume test_runs test_sweep test_syncs test_watch"
     )
     support = "__init__ batches fits models processes project readers"
     configs = "accumulate ddp debug default fsdp gpu profile sweep"

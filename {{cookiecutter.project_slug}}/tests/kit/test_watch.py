@@ -8,11 +8,13 @@ timeouts are the tests' own, a few seconds; no test asserts how long anything to
 """
 
 import re
+import socket
 from types import SimpleNamespace
 
 import pytest
 import torch
 from support import (
+    CONFIGS,
     DDP,
     INSTRUMENTS,
     failure,
@@ -56,6 +58,24 @@ def test_a_loss_that_turns_nan_stops_the_run_at_that_logging_step_in_one_line(wo
     )
     assert said or (optimizes_by_hand() and line.startswith("diverged: ")), line
     assert "Traceback" not in ran.stderr
+
+
+def test_every_step_finds_the_step_a_divergence_starts_at_and_says_what_it_costs(workdir):
+    ran = run_forked(
+        "fit",
+        *QUICK,
+        "--trainer.log_every_n_steps=100000",
+        "--divergence.every_step=true",
+        INSTRUMENTS,
+        cwd=workdir,
+        env={"INSTRUMENTS_NAN_STEP": "2"},
+        check=False,
+    )
+    assert ran.returncode == 1, failure("fit", ran)
+    assert "each step's loss is read from the device, a host sync a step" in ran.stderr
+    (line,) = [line for line in ran.stderr.splitlines() if "diverged" in line]
+    said = re.match(r"diverged: the training loss is nan at epoch \d+, batch 2;", line)
+    assert said or optimizes_by_hand(), line
 
 
 def test_weights_that_are_not_finite_are_never_saved_and_the_last_good_state_resumes(workdir):
@@ -127,45 +147,47 @@ def test_steps_the_fp16_scaler_skipped_are_not_a_divergence_while_the_weights_ar
     )  # finite: nothing
 
 
-def answer(count: int, where: str, line: str = "model.py:9 in training_step") -> dict:
-    return {"count": count, "where": where, "line": line}
+def at(where: str, line: str, waiting: bool) -> dict:
+    return {"beat": 1, "count": 7, "where": where, "line": line, "waiting": waiting}
+
+
+BUSY = at("after training batch 2", "model.py:9 in training_step", waiting=False)
+WAITING = at("in the backward of batch 3", "graph.py:841 in _engine_run_backward", waiting=True)
 
 
 def test_the_hang_report_names_the_rank_that_did_not_arrive_and_the_one_that_is_gone():
-    report = hang_report(
-        {0: answer(12, "in the backward of batch 3"), 1: answer(11, "in the forward of batch 3")},
-        3,
-        600,
-        "--distributed.timeout 600",
-    )
-    assert report.startswith("stopped: no rank advanced for 600 s (--distributed.timeout 600)")
-    assert "rank 2 did not answer: its process has ended or is frozen" in report
-    assert "rank 1 did not arrive: last seen in the forward of batch 3, now at model.py:9" in report
-    assert "rank 0 waits in the backward of batch 3" in report
+    report = hang_report({0: WAITING, 1: BUSY}, 3, 600, "--distributed.timeout 600")
+    assert report.startswith("stopped: no progress for 600 s (--distributed.timeout 600)")
+    assert "rank 2 does not answer: its process has ended or is frozen" in report
+    assert "rank 1 did not arrive: last seen after training batch 2, now at model.py:9" in report
+    assert "rank 0 waits at graph.py:841 in _engine_run_backward" in report
     assert "sync_dist=True on one rank" in report
 
 
 def test_ranks_that_all_wait_in_one_collective_point_at_the_network():
-    where = "in the backward (the gradient sync) of training batch 7 of epoch 0"
-    report = hang_report(
-        {0: answer(5, where), 1: answer(5, where)}, 2, 30, "--distributed.timeout 30"
-    )
-    assert f"every rank is {where}: a collective they all entered does not complete" in report
+    report = hang_report({0: WAITING, 1: WAITING}, 2, 30, "--distributed.timeout 30")
+    assert "every rank waits at graph.py:841 in _engine_run_backward, last seen in the" in report
+    assert "a collective they all entered does not complete" in report
     assert "NCCL_P2P_DISABLE=1" in report and "doctor --distributed" in report
 
 
-FAILURES = {"rank 0": "0", "rank 1": "1"}
+def test_ranks_each_busy_with_work_of_their_own_are_left_to_it():
+    assert hang_report({0: BUSY, 1: BUSY}, 2, 600, "--distributed.timeout 600") is None
+
+
+FSDP = (f"--config={CONFIGS / 'fsdp.yaml'}", "--trainer.accelerator=cpu", "--trainer.devices=2")
+FAILURES = {"rank 0, DDP": ("0", DDP), "rank 1, FSDP": ("1", FSDP)}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("rank", FAILURES.values(), ids=FAILURES.keys())
-def test_a_rank_that_fails_before_the_others_meet_ends_every_rank_with_its_error(workdir, rank):
-    # Without the kit's watch, the other rank waits at Lightning's setup barrier for
-    # the process group's 30 minutes; the subprocess's timeout would fail the test.
+@pytest.mark.parametrize(("rank", "strategy"), FAILURES.values(), ids=FAILURES.keys())
+def test_a_rank_that_fails_in_setup_ends_every_rank_with_its_error(workdir, rank, strategy):
+    # The other rank reads the error in the job's store and says it, rather than its
+    # own account of a peer gone (gloo), or waiting out the 30-minute timeout (NCCL).
     ran = run_cli(
         "fit",
         *QUICK,
-        *DDP,
+        *strategy,
         INSTRUMENTS,
         cwd=workdir,
         check=False,
@@ -175,10 +197,31 @@ def test_a_rank_that_fails_before_the_others_meet_ends_every_rank_with_its_error
     assert ran.returncode != 0, failure("fit", ran)
     error = f"RuntimeError: injected fault on rank {rank} in setup"
     assert f"[rank {rank}/2] failed: {error}" in ran.stderr
-    other = 1 - int(rank)
-    if rank == "0":  # (a failed rank 1 has Lightning kill rank 0; it may say so first)
-        assert f"[rank {other}/2] stopping: rank {rank} failed: {error}" in ran.stderr
+    assert f"[rank {1 - int(rank)}/2] stopping: rank {rank} failed: {error}" in ran.stderr
     assert not list(workdir.rglob("interrupted.ckpt"))  # a crash is not an interruption
+
+
+@pytest.mark.slow
+def test_when_rank_0_cannot_take_its_port_the_rank_it_started_ends_too(workdir):
+    # Before the ranks meet there is no store: rank 1 waits to connect to rank 0, which
+    # has ended; before the kit's watch it waited out the process group's timeout.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        ran = run_cli(
+            "fit",
+            *QUICK,
+            *DDP,
+            cwd=workdir,
+            check=False,
+            timeout=HANG,
+            env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
+        )
+    assert ran.returncode == 1, failure("fit", ran)
+    assert "EADDRINUSE" in ran.stderr
+    assert "Hint: the rendezvous port is already taken" in ran.stderr
+    assert "[rank 1/2] stopping: rank 0, which started this process, has ended" in ran.stderr
 
 
 @pytest.mark.slow
@@ -195,11 +238,11 @@ def test_a_rank_that_stops_taking_part_is_named_and_the_job_ends(workdir):
         env={"INSTRUMENTS_SLEEP_RANK": "1", "INSTRUMENTS_SLEEP_STEP": "3"},
     )
     assert ran.returncode != 0, failure("fit", ran)
-    (line,) = [line for line in ran.stderr.splitlines() if line.startswith("stopped:")]
+    (line,) = [line for line in ran.stderr.splitlines() if "] stopped: no progress" in line]
     assert "(--distributed.timeout 5)" in line
     assert "rank 1 did not arrive: last seen after training batch 2 of epoch 0" in line
     assert "in on_train_batch_start" in line  # where it sleeps: the instruments' hook
-    assert "rank 0 waits in the" in line and "of training batch 3 of epoch 0" in line
+    assert "rank 0 waits at " in line  # in DDP's forward or backward: their syncs
 
 
 @pytest.mark.slow

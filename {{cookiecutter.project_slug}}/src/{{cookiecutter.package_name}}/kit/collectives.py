@@ -272,7 +272,9 @@ def launch(world: int, backend: str, timeout: float, ranks: Iterable[int]) -> di
         processes[rank].start()
         writer.close()  # the rank holds the only writer left: the reader sees EOF when it ends
         readers[reader] = rank
-    seen: dict[str, dict[int, Any]] = {"arrived": {}, "joined": {}, "finished": {}, "error": {}}
+    seen: dict[str, dict[int, Any]] = {
+        key: {} for key in ("arrived", "joined", "finished", "error")
+    }
     while readers and (left := start + timeout - time.monotonic()) > 0:
         for reader in wait(list(readers), timeout=left):
             rank = readers[reader]

@@ -13,10 +13,12 @@ meeting ends in seconds, not at the process group's 30-minute timeout:
   which outlives any collective); every other rank reads it within a second,
   says `stopping: rank 1 failed: ...` and exits 1;
 - a rank that Lightning's launcher started ends when the launcher (rank 0) has;
-- when no rank advanced for `timeout` seconds (`start_timeout` until every rank
-  met), the ranks compare where they are through the store: rank 0 names the
-  ranks that did not arrive (where they are, their Python line), or says that
-  every rank waits in a collective that does not complete, with the usual causes.
+- when a rank saw no progress for `timeout` seconds (`start_timeout` while it waits
+  for the others to meet it), the ranks compare where they are through the store:
+  one line names the ranks that do not answer, or are busy elsewhere while the
+  others wait in a collective (where they were last seen, their Python line), or
+  says that every rank waits in one collective that does not complete, with the
+  usual causes.
 
 The watch is a thread: the steps only count their hooks (no clock, no device).
 """
@@ -37,6 +39,9 @@ from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from .checkpoints import CheckpointError
+from .spec import ConfigError
 
 
 class Diverged(RuntimeError):
@@ -155,8 +160,9 @@ class Divergence(Callback):
             raise Diverged(diverged(trainer, what, window, None, saved))
 
 
-# Stops every rank meets at once, each on its own: no rank tells the others.
-SHARED_STOPS = (SIGTERMException, KeyboardInterrupt, Diverged)
+# Stops every rank meets at once, each on its own, and refusals every rank makes alike
+# (one line for the job): no rank tells the others.
+SHARED_STOPS = (SIGTERMException, KeyboardInterrupt, Diverged, ConfigError, CheckpointError)
 
 COLLECTIVE_CAUSES = (
     "NCCL's peer-to-peer path broken on this machine (NCCL_P2P_DISABLE=1),"
@@ -166,51 +172,64 @@ COLLECTIVE_CAUSES = (
 STRAGGLER_CAUSES = (
     "code that runs on some ranks only (a branch on self.global_rank around a step, a log"
     " with sync_dist=True on one rank), a loader or file system that stalled, another"
-    " number of batches on that rank"
+    " number of batches on that rank; long work on one rank that the others wait for"
+    " needs a longer --distributed.timeout"
 )
+# Where a main thread waits for the other ranks: a collective, a barrier, the rendezvous,
+# DDP's forward and backward (their syncs).
+WAITING_IN = tuple(
+    os.path.join("torch", part, "") for part in ("distributed", os.path.join("nn", "parallel"))
+) + (os.path.join("torch", "autograd", ""),)
 
 
 def plural(ranks: list[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
 
 
-def hang_report(answers: dict[int, dict[str, Any]], world: int, idle: float, flag: str) -> str:
-    """What the ranks' positions say of a job in which none advanced for `idle` seconds:
-    `answers` maps each rank that answered to its hook count, where it is and its line."""
-    missing = [rank for rank in range(world) if rank not in answers]
-    top = max((a["count"] for a in answers.values()), default=0)
-    behind = sorted(rank for rank, a in answers.items() if a["count"] < top)
-    ahead = sorted(rank for rank, a in answers.items() if a["count"] == top)
-    parts = [f"stopped: no rank advanced for {idle:.0f} s ({flag})"]
-    if missing:
+def hang_report(seen: dict[int, dict[str, Any]], world: int, idle: float, flag: str) -> str | None:
+    """What the ranks say of a job in which this one advanced for `idle` seconds: `seen`
+    maps each rank that answers to where it was last seen, the Python line its main
+    thread is on, and whether that line waits for the other ranks. None when no rank
+    waits for another (each is busy with work of its own)."""
+    gone = [rank for rank in range(world) if rank not in seen]
+    busy = sorted(rank for rank, at in seen.items() if not at["waiting"])
+    waiting = sorted(rank for rank, at in seen.items() if at["waiting"])
+    if not gone and not waiting:
+        return None
+    parts = [f"stopped: no progress for {idle:.0f} s ({flag})"]
+    if gone:
         parts.append(
-            f"{plural(missing)} did not answer: its process has ended or is frozen"
-            " (a node that went down, the OOM killer)"
+            f"{plural(gone)} does not answer: its process has ended or is frozen (a node"
+            " that went down, the OOM killer)"
         )
-    for rank in behind:
-        parts.append(
-            f"rank {rank} did not arrive: last seen {answers[rank]['where']}, now at"
-            f" {answers[rank]['line']}"
-        )
-    if ahead and (behind or missing):
-        waits = "waits" if len(ahead) == 1 else "wait"
-        parts.append(f"{plural(ahead)} {waits} {answers[ahead[0]]['where']}")
+    if busy and waiting:
+        parts += [
+            f"rank {rank} did not arrive: last seen {seen[rank]['where']}, now at"
+            f" {seen[rank]['line']}"
+            for rank in busy
+        ]
+    if waiting and (busy or gone):
+        first = seen[waiting[0]]
+        parts.append(f"{plural(waiting)} wait{'s' * (len(waiting) == 1)} at {first['line']}")
         parts.append(f"usual causes: {STRAGGLER_CAUSES}")
-    elif ahead:
+    elif waiting:
+        first = seen[waiting[0]]
         parts.append(
-            f"every rank is {answers[ahead[0]]['where']}: a collective they all entered"
-            f" does not complete; usual causes: {COLLECTIVE_CAUSES}"
+            f"every rank waits at {first['line']}, last seen {first['where']}: a collective"
+            f" they all entered does not complete; usual causes: {COLLECTIVE_CAUSES}"
         )
     return "; ".join(parts)
 
 
-def main_thread_line() -> str:
-    """`file:line in function` of what the main thread runs now."""
+def main_thread_at() -> tuple[str, bool]:
+    """`file:line in function` of what the main thread runs now, and whether that waits
+    for the other ranks (it is in torch.distributed, DDP or the autograd engine)."""
     frame = sys._current_frames().get(threading.main_thread().ident)
     if frame is None:
-        return "an unknown line"
+        return "an unknown line", False
     code = frame.f_code
-    return f"{Path(code.co_filename).name}:{frame.f_lineno} in {code.co_name}"
+    waiting = any(part in code.co_filename for part in WAITING_IN)
+    return f"{Path(code.co_filename).name}:{frame.f_lineno} in {code.co_name}", waiting
 
 
 def launcher_gone(parent: int) -> bool:
@@ -229,19 +248,20 @@ def launcher_gone(parent: int) -> bool:
 
 class RankWatch(Callback):
     """Ends a job of several processes in seconds when its ranks stop meeting, and says
-    which rank and why (the module's docstring has how).
+    which rank and why (the module's docstring has what it looks at). Each rank's thread
+    writes, every `poll` seconds, where the rank was last seen and its main thread's
+    line into the job's store, and reads there whether the job ends.
 
     Args:
-        timeout: seconds without any rank advancing (a batch, a backward) before the
-            job ends, naming the ranks that did not arrive. Below the process group's
-            own timeout (30 minutes), so the kit's account comes first.
-        start_timeout: the same until every rank has met (before the first setup
-            barrier), when a misconfiguration is likeliest.
+        timeout: seconds this rank may see no progress (a batch, a backward) before the
+            ranks compare where they are. Below the process group's own timeout (30
+            minutes), so the kit's account comes first.
+        start_timeout: seconds a rank may wait for the others to meet it (the
+            rendezvous), when a misconfiguration is likeliest.
     """
 
     clock = staticmethod(monotonic)
     poll = 1.0  # seconds between two looks
-    grace = 30.0  # seconds the ranks wait for each other's positions, at most
 
     def __init__(self, timeout: float = 600.0, start_timeout: float = 300.0) -> None:
         for name, value in (("timeout", timeout), ("start_timeout", start_timeout)):
@@ -251,7 +271,6 @@ class RankWatch(Callback):
         self.start_timeout = start_timeout
         self._count = 0
         self._where: tuple[str, int] = ("starting", 0)
-        self._met = False
         self._store: Any = None
         self._stopped = False  # the fit ended, or failed on this rank
         self._trainer: Trainer | None = None
@@ -281,7 +300,6 @@ class RankWatch(Callback):
         self._where = (where, index)
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        self._met = True  # after Lightning's first barrier: every rank has met
         self._at("setting up", 0)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
@@ -306,20 +324,11 @@ class RankWatch(Callback):
         text = str(exception).strip().splitlines()
         said = f"rank {trainer.global_rank} failed: {type(exception).__name__}"
         said += f": {text[0]}" if text else ""
-        try:
-            store = self._store or self._open_store()
-            first = store.compare_set(self._key("failed"), "", said).decode()
-            if first != said:  # another rank failed first: this is what followed
-                store.add(self._key("read"), 1)
-                self._exit(f"stopping: {first}")
-            # The others read it before this rank ends (the store ends with rank 0).
-            deadline = self.clock() + 3 * self.poll
-            while store.add(self._key("read"), 0) < trainer.world_size - 1:
-                if self.clock() > deadline:
-                    break
-                sleep(self.poll / 10)
-        except Exception:  # no store (yet, or any more): the others find out otherwise
-            pass
+        if self._store is None:
+            self._open_store()
+        first = self._end(f"stopping: {said}", everyone=True)
+        if first is not None and first["text"] != f"stopping: {said}":
+            self._exit(first["text"])  # another rank failed first: this is what followed
 
     def teardown(self, trainer: Trainer, pl_module, stage: str) -> None:
         self._stopped = True
@@ -328,97 +337,132 @@ class RankWatch(Callback):
         # A key of each start of torchrun's workers: a restarted group may share the store.
         return f"kit/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{name}"
 
-    def _open_store(self) -> Any:
-        """A client of the job's store (rank 0's TCPStore, where Lightning said it is)."""
-        if not torch.distributed.is_initialized():
+    def _open_store(self) -> None:
+        """A client of the job's store (rank 0's TCPStore, where Lightning said it is),
+        once the ranks met."""
+        try:
+            if torch.distributed.is_initialized():
+                self._store = torch.distributed.TCPStore(
+                    os.environ["MASTER_ADDR"],
+                    int(os.environ["MASTER_PORT"]),
+                    is_master=False,
+                    timeout=timedelta(seconds=30),
+                    wait_for_workers=False,
+                )
+        except Exception:  # (the next look tries again)
+            self._store = None
+
+    def _end(self, text: str, everyone: bool) -> dict[str, Any] | None:
+        """End the job with `text` (said by every rank, or by this one only), unless another
+        rank ended it first; wait (a few seconds at most) until the others have read it,
+        since the store ends with rank 0. What ends the job; None without a store."""
+        try:
+            mine = json.dumps({"text": text, "everyone": everyone})
+            first = json.loads(self._store.compare_set(self._key("end"), "", mine))
+            world = self._trainer.world_size
+            deadline = self.clock() + 3 * self.poll
+            while self._store.add(self._key("read"), 0) < world - 1 and self.clock() < deadline:
+                sleep(self.poll / 10)
+            return first
+        except Exception:  # no store (yet, or any more): the others find out otherwise
             return None
-        self._store = torch.distributed.TCPStore(
-            os.environ["MASTER_ADDR"],
-            int(os.environ["MASTER_PORT"]),
-            is_master=False,
-            timeout=timedelta(seconds=self.grace),
-            wait_for_workers=False,
-        )
-        return self._store
 
     def _watch(self, parent: int | None) -> None:
-        seen, since = -1, self.clock()
+        seen, since, beat = -1, self.clock(), 0
         while not self._stopped:
             sleep(self.poll)
             if self._stopped:
                 return
             if self._store is None:
-                try:
-                    self._open_store()
-                except Exception:
-                    pass
-            failed = self._read("failed")
-            if failed:
-                self._read("read", add=1)
-                self._exit(f"stopping: {failed}")
+                self._open_store()
+                if self._store is not None:  # the ranks met: that is progress
+                    since = self.clock()
             if parent is not None and launcher_gone(parent):
                 sleep(5 * self.poll)  # at a fit's normal end, rank 0 may end first
                 if not self._stopped:
                     self._exit("stopping: rank 0, which started this process, has ended")
                 return
+            line, waiting = main_thread_at()
+            beat += 1
+            ended = self._beat(beat, line, waiting)
+            if ended is not None:
+                self._read_end(ended)
             if self._count != seen:
                 seen, since = self._count, self.clock()
-            elif self.clock() - since > (self.timeout if self._met else self.start_timeout):
-                self._stalled(self.clock() - since)
+            elif self.clock() - since > (self.timeout if self._store else self.start_timeout):
+                self._stalled(self.clock() - since, waiting)
+                since = self.clock()  # every rank busy with its own work: another period
 
-    def _read(self, name: str, add: int = 0) -> str | None:
-        """The store's value of `name` (None before it has one); `add`: count it up."""
+    def _beat(self, beat: int, line: str, waiting: bool) -> dict[str, Any] | None:
+        """Write where this rank is; read whether the job ends (None: it goes on)."""
+        if self._store is None:
+            return None
+        trainer = self._trainer
+        where = f"{self._where[0]} {self._where[1]} of epoch {trainer.current_epoch}"
+        at = {"beat": beat, "count": self._count, "where": where, "line": line, "waiting": waiting}
         try:
-            if add:
-                return str(self._store.add(self._key(name), add))
-            if self._store is not None and self._store.check([self._key(name)]):
-                return self._store.get(self._key(name)).decode()
-        except Exception:  # the store is gone: rank 0 ended; the other checks decide
+            self._store.set(self._key(f"at/{trainer.global_rank}"), json.dumps(at))
+            if self._store.check([self._key("end")]):
+                return json.loads(self._store.get(self._key("end")))
+        except Exception:  # the store is gone with rank 0: the launcher's checks decide
             self._store = None
         return None
 
-    def _stalled(self, idle: float) -> None:
+    def _read_end(self, ended: dict[str, Any]) -> None:
+        try:
+            self._store.add(self._key("read"), 1)
+        except Exception:
+            pass
+        self._exit(ended["text"] if ended["everyone"] else None)
+
+    def _others(self) -> dict[int, dict[str, Any]]:
+        """Every rank's last beat, and those whose beat no longer advances left out."""
+        world = self._trainer.world_size
+        keys = [self._key(f"at/{rank}") for rank in range(world)]
+
+        def read() -> dict[int, dict[str, Any]]:
+            return {
+                rank: json.loads(self._store.get(key))
+                for rank, key in enumerate(keys)
+                if self._store.check([key])
+            }
+
+        before = read()
+        sleep(3 * self.poll)
+        after = read()
+        mine = self._trainer.global_rank  # (its beat waits for this look)
+        return {
+            rank: at
+            for rank, at in after.items()
+            if rank == mine or rank not in before or at["beat"] != before[rank]["beat"]
+        }
+
+    def _stalled(self, idle: float, waiting: bool) -> None:
         trainer = self._trainer
-        rank, world = trainer.global_rank, trainer.world_size
-        if not self._met:
-            self._exit(
-                f"stopped: the job's {world} processes did not all meet within"
-                f" {self.start_timeout:g} s (--distributed.start_timeout); usual causes:"
-                " a node that did not start, another --trainer.num_nodes or --trainer.devices"
-                " on some node, a MASTER_ADDR or port that the others cannot reach (a"
-                " firewall), a stray NODE_RANK or WORLD_SIZE in the shell"
-                " (`doctor --distributed` checks the machine)"
-            )
-        where = f"{self._where[0]} {self._where[1]} of epoch {trainer.current_epoch}"
+        world = trainer.world_size
+        if self._store is None:
+            if waiting:  # at the rendezvous (not busy building a model, say)
+                self._exit(
+                    f"stopped: the job's {world} processes did not all meet within"
+                    f" {self.start_timeout:g} s (--distributed.start_timeout); usual causes:"
+                    " a node that did not start, another --trainer.num_nodes or"
+                    " --trainer.devices on some node, a MASTER_ADDR or port that the others"
+                    " cannot reach (a firewall), a stray NODE_RANK or WORLD_SIZE in the shell"
+                    " (`doctor --distributed` checks the machine)"
+                )
+            return
         flag = f"--distributed.timeout {self.timeout:g}"
         try:
-            store = self._store
-            store.set(
-                self._key(f"at/{rank}"),
-                json.dumps({"count": self._count, "where": where, "line": main_thread_line()}),
-            )
-            keys = [self._key(f"at/{r}") for r in range(world)]
-            deadline = self.clock() + self.grace
-            while self.clock() < deadline and not store.check(keys):
-                sleep(0.2)
-            answers = {
-                r: json.loads(store.get(key)) for r, key in enumerate(keys) if store.check([key])
-            }
-            if rank == 0:
-                report = hang_report(answers, world, idle, flag)
-                print(report, file=sys.stderr, flush=True)
-                store.set(self._key("said"), "1")
-                self._exit(None)
-            while self.clock() < deadline + self.grace and not store.check([self._key("said")]):
-                sleep(0.2)
-            if store.check([self._key("said")]):
-                self._exit(None)  # rank 0 said it
-            self._exit(hang_report(answers, world, idle, flag))
+            report = hang_report(self._others(), world, idle, flag)
         except Exception as error:  # rank 0 and its store are gone
-            self._exit(
+            report = (
                 f"stopped: no progress for {idle:.0f} s ({flag}) and rank 0's store does not"
                 f" answer ({type(error).__name__}): rank 0 has ended or its node is unreachable"
             )
+            self._exit(report)
+        if report is not None:
+            first = self._end(report, everyone=False)
+            self._exit(report if first is None or first["text"] == report else None)
 
     def _exit(self, line: str | None) -> None:
         """Say `line` (as this rank) and end this process now: its main thread is stuck."""
