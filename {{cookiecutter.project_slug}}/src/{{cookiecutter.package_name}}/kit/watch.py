@@ -274,17 +274,19 @@ class RankWatch(Callback):
         self._store: Any = None
         self._stopped = False  # the fit ended, or failed on this rank
         self._trainer: Trainer | None = None
+        self._exiting: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
         # A copy of the callback (a deep copy of a module that knows its trainer) watches
         # nothing: the store's connection and the trainer stay with the original.
-        return {**self.__dict__, "_store": None, "_trainer": None}
+        return {**self.__dict__, "_store": None, "_trainer": None, "_exiting": None}
 
     def arm(self, trainer: Trainer) -> None:
         """Start watching `trainer`'s job (called once it is built; nothing for one process)."""
         if trainer.world_size < 2:
             return
         self._trainer, self._stopped = trainer, False
+        self._exiting = threading.Lock()
         environment = getattr(trainer.strategy, "cluster_environment", None)
         launched = (
             type(environment) is LightningEnvironment
@@ -326,9 +328,11 @@ class RankWatch(Callback):
         said += f": {text[0]}" if text else ""
         if self._store is None:
             self._open_store()
-        first = self._end(f"stopping: {said}", everyone=True)
-        if first is not None and first["text"] != f"stopping: {said}":
-            self._exit(first["text"])  # another rank failed first: this is what followed
+        mine = f"stopping: {said}"
+        first = self._claim(mine, everyone=True)
+        if first is not None and (first["by"] != trainer.global_rank or first["text"] != mine):
+            self._read_end(first)  # what followed another rank's failure, or a stall
+        self._read(first)  # the others read it before this rank ends (and the store)
 
     def teardown(self, trainer: Trainer, pl_module, stage: str) -> None:
         self._stopped = True
@@ -352,20 +356,39 @@ class RankWatch(Callback):
         except Exception:  # (the next look tries again)
             self._store = None
 
-    def _end(self, text: str, everyone: bool) -> dict[str, Any] | None:
-        """End the job with `text` (said by every rank, or by this one only), unless another
-        rank ended it first; wait (a few seconds at most) until the others have read it,
-        since the store ends with rank 0. What ends the job; None without a store."""
+    def _claim(self, text: str, everyone: bool) -> dict[str, Any] | None:
+        """End the job with `text` (said by every rank, or by this one only), unless a rank
+        ended it first: what ends the job; None without a store."""
         try:
-            mine = json.dumps({"text": text, "everyone": everyone})
-            first = json.loads(self._store.compare_set(self._key("end"), "", mine))
-            world = self._trainer.world_size
-            deadline = self.clock() + 3 * self.poll
-            while self._store.add(self._key("read"), 0) < world - 1 and self.clock() < deadline:
-                sleep(self.poll / 10)
-            return first
+            mine = {"text": text, "everyone": everyone, "by": self._trainer.global_rank}
+            return json.loads(self._store.compare_set(self._key("end"), "", json.dumps(mine)))
         except Exception:  # no store (yet, or any more): the others find out otherwise
             return None
+
+    def _read(self, ended: dict[str, Any] | None) -> None:
+        """This rank has read how the job ends. Rank 0 holds the store, so it ends last:
+        it waits (a few seconds at most) for every other rank to have read it; another
+        rank, for rank 0 to have."""
+        store, rank, world = self._store, self._trainer.global_rank, self._trainer.world_size
+        deadline = self.clock() + 3 * self.poll
+        try:
+            if ended is None:
+                return
+            if rank == 0:
+                store.set(self._key("read by 0"), "1")
+                while store.add(self._key("read"), 0) < world - 1 and self.clock() < deadline:
+                    sleep(self.poll / 10)
+            else:  # the count last: rank 0 may end as soon as it is full
+                while not store.check([self._key("read by 0")]) and self.clock() < deadline:
+                    sleep(self.poll / 10)
+                store.add(self._key("read"), 1)
+        except Exception:  # the store is gone: nothing left to wait for
+            pass
+
+    def _read_end(self, ended: dict[str, Any]) -> None:
+        """End this rank as `ended` says (saying why, where every rank is to)."""
+        self._read(ended)
+        self._exit(ended["text"] if ended["everyone"] else None)
 
     def _watch(self, parent: int | None) -> None:
         seen, since, beat = -1, self.clock(), 0
@@ -378,14 +401,14 @@ class RankWatch(Callback):
                 if self._store is not None:  # the ranks met: that is progress
                     since = self.clock()
             if parent is not None and launcher_gone(parent):
-                sleep(5 * self.poll)  # at a fit's normal end, rank 0 may end first
+                sleep(2 * self.poll)  # at a fit's normal end, rank 0 may end first
                 if not self._stopped:
                     self._exit("stopping: rank 0, which started this process, has ended")
                 return
             line, waiting = main_thread_at()
             beat += 1
             ended = self._beat(beat, line, waiting)
-            if ended is not None:
+            if ended is not None and ended["by"] != self._trainer.global_rank:
                 self._read_end(ended)
             if self._count != seen:
                 seen, since = self._count, self.clock()
@@ -408,13 +431,6 @@ class RankWatch(Callback):
             self._store = None
         return None
 
-    def _read_end(self, ended: dict[str, Any]) -> None:
-        try:
-            self._store.add(self._key("read"), 1)
-        except Exception:
-            pass
-        self._exit(ended["text"] if ended["everyone"] else None)
-
     def _others(self) -> dict[int, dict[str, Any]]:
         """Every rank's last beat, and those whose beat no longer advances left out."""
         world = self._trainer.world_size
@@ -428,7 +444,7 @@ class RankWatch(Callback):
             }
 
         before = read()
-        sleep(3 * self.poll)
+        sleep(2 * self.poll)
         after = read()
         mine = self._trainer.global_rank  # (its beat waits for this look)
         return {
@@ -461,14 +477,24 @@ class RankWatch(Callback):
             )
             self._exit(report)
         if report is not None:
-            first = self._end(report, everyone=False)
-            self._exit(report if first is None or first["text"] == report else None)
+            first = self._claim(report, everyone=False)
+            if first is not None and first["by"] != trainer.global_rank:
+                self._read_end(first)  # another rank said it
+            self._say(report)
+            self._read(first)
+            self._exit(None)
+
+    def _say(self, line: str) -> None:
+        trainer = self._trainer
+        print(f"[rank {trainer.global_rank}/{trainer.world_size}] {line}", file=sys.stderr)
 
     def _exit(self, line: str | None) -> None:
-        """Say `line` (as this rank) and end this process now: its main thread is stuck."""
-        trainer = self._trainer
+        """Say `line` (as this rank) and end this process now: its main thread is stuck.
+        Once: the watch and the main thread may both get here."""
+        if not self._exiting.acquire(blocking=False):
+            threading.Event().wait()  # the other one ends the process
         if line:
-            print(f"[rank {trainer.global_rank}/{trainer.world_size}] {line}", file=sys.stderr)
+            self._say(line)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)
