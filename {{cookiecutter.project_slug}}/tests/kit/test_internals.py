@@ -115,6 +115,20 @@ def test_the_saved_batch_progress(fitted):
     assert progress["total"]["processed"] == progress["current"]["processed"] == 8
 
 
+def test_the_main_threads_frame_is_seen_from_another_thread():
+    import threading
+
+    seen = []
+    watcher = threading.Thread(target=lambda: seen.append(internals.main_thread_frame()))
+    watcher.start()
+    watcher.join()
+    names, frame = [], seen[0]
+    while frame is not None:  # (the innermost is threading's, where the test waits)
+        names.append(frame.f_code.co_name)
+        frame = frame.f_back
+    assert "test_the_main_threads_frame_is_seen_from_another_thread" in names
+
+
 def test_the_logger_accessors(tmp_path):
     logger = CSVLogger(tmp_path)
     assert internals.open_experiment(logger) is None  # nothing started by asking

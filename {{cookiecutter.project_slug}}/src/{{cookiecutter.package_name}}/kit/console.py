@@ -8,7 +8,6 @@ FLOPs it cannot know (the health report counts them on the first step).
 
 import logging
 import math
-from collections.abc import Mapping
 from time import monotonic
 from typing import Any
 
@@ -17,7 +16,7 @@ from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import ModelSummary, TQDMProgressBar
 
 from .internals import accumulating, format_summary_table, loggers_write_now, logging_step
-from .watch import check_loss
+from .watch import check_loss, returned_loss
 
 log = logging.getLogger("lightning.pytorch.callbacks.model_summary")
 
@@ -82,8 +81,8 @@ class TrainLoss(Callback):
     def on_train_batch_end(self, trainer: Trainer, pl_module, outputs, batch, batch_idx) -> None:
         if not trainer.log_every_n_steps:
             return
-        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
-        if not isinstance(loss, torch.Tensor):
+        loss = returned_loss(outputs)
+        if loss is None:
             return
         if self._module_logs_it is None:
             self._module_logs_it = self.NAME in trainer.callback_metrics

@@ -268,3 +268,12 @@ def dcp_load_full(folder: Any) -> dict[str, Any]:
     from lightning.fabric.utilities.load import _load_distributed_checkpoint
 
     return _load_distributed_checkpoint(folder)
+
+
+def main_thread_frame() -> Any:
+    """The frame the main thread runs now, or None: Python names no public way to see
+    another thread's stack (the rank watch reports where a stuck rank is)."""
+    import sys
+    import threading
+
+    return sys._current_frames().get(threading.main_thread().ident)

@@ -41,6 +41,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from .checkpoints import CheckpointError
+from .internals import main_thread_frame
 from .spec import ConfigError
 
 
@@ -82,6 +83,12 @@ def diverged(
         " non-finite was saved: `fit --ckpt_path last` resumes from the last good"
         f" checkpoint. Try {', '.join(tries)}"
     )
+
+
+def returned_loss(outputs: Any) -> torch.Tensor | None:
+    """The loss a `training_step` returned (alone, or under "loss"); None if none."""
+    loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+    return loss if isinstance(loss, torch.Tensor) else None
 
 
 def check_loss(
@@ -132,8 +139,8 @@ class Divergence(Callback):
     def on_train_batch_end(self, trainer: Trainer, pl_module, outputs, batch, batch_idx) -> None:
         if not self.every_step:
             return
-        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
-        if not isinstance(loss, torch.Tensor):
+        loss = returned_loss(outputs)
+        if loss is None:
             return
         value = float(trainer.strategy.reduce(loss.detach().float(), reduce_op="mean"))
         where = f"batch {trainer.fit_loop.total_batch_idx}"
@@ -224,7 +231,7 @@ def hang_report(seen: dict[int, dict[str, Any]], world: int, idle: float, flag: 
 def main_thread_at() -> tuple[str, bool]:
     """`file:line in function` of what the main thread runs now, and whether that waits
     for the other ranks (it is in torch.distributed, DDP or the autograd engine)."""
-    frame = sys._current_frames().get(threading.main_thread().ident)
+    frame = main_thread_frame()
     if frame is None:
         return "an unknown line", False
     code = frame.f_code
