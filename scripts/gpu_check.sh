@@ -11,7 +11,10 @@
 #   3. runs the project's `bench` on CUDA (its figures and verdict beside that
 #      file, in bench.json);
 #   4. one FSDP fit on every GPU (configs/fsdp.yaml: bf16 parameters, fp32
-#      reduction), its folder of shards exported to a .pt2.
+#      reduction), its folder of shards exported to a .pt2;
+#   5. what a checkpoint save of a 100M-parameter model with AdamW costs its
+#      step on CUDA, written in the step and in the background
+#      (benchmarks/saves.py; saves.json beside the other files).
 # On a machine without CUDA it says so in one line and exits 1.
 #
 # Where it gets its packages:
@@ -69,3 +72,5 @@ fsdp_log="$(dirname "$out")/fsdp_fit.log"
 grep -E "^(fsdp:|precision:|Training health|Best)" "$fsdp_log" || true
 (cd "$project" && PYTHONPATH=src "$PYTHON" -m my_lightning_project export \
     --ckpt_path fsdp/logs/version_0/checkpoints/last.ckpt --output fsdp.pt2)
+echo "==> What a checkpoint save costs its step on CUDA, in the step and in the background" >&2
+"$PYTHON" benchmarks/saves.py --output "$(dirname "$out")/saves.json"

@@ -95,6 +95,40 @@ def test_benchmark_writes_its_json(tmp_path):
     assert report["machine"]["cpus"] >= 1
 
 
+@pytest.mark.slow
+def test_the_save_benchmark_times_a_saving_step_in_the_step_and_in_the_background(tmp_path):
+    output = tmp_path / "saves.json"
+    small = ("--width=256", "--layers=2", "--steps=6", "--every=2")
+    python(str(TEMPLATE / "benchmarks" / "saves.py"), *small, f"--output={output}", cwd=tmp_path)
+    report = json.loads(output.read_text())
+    assert report["work"] == {
+        "parameters": 2 * (256 * 256 + 256),
+        "state_gb": 0.0,
+        "steps": 6,
+        "save_every": 2,
+    }
+    rows = report["rows"]
+    assert list(rows) == ["no saves", "in the step", "in the background"]
+    assert rows["no saves"]["saving_steps"] == [] and rows["no saves"]["saves"] == 0
+    baseline = rows["no saves"]["step_ms"]
+    for name in ("in the step", "in the background"):
+        row = rows[name]
+        # Saves after steps 2, 4 and 6: each timed up to the next batch's start.
+        assert row["saving_steps"] == [1, 3, 5] and row["saves"] == 3
+        assert len(row["all_step_ms"]) == 6 and all(ms > 0 for ms in row["all_step_ms"])
+        assert row["save_delay_ms"] == pytest.approx(row["saving_step_ms"] - baseline, abs=0.11)
+        beyond = sum(row["all_step_ms"][1:]) - 5 * baseline
+        assert row["run_cost_per_save_ms"] == pytest.approx(beyond / 3, abs=0.2)
+        assert row["peak_rss_mib"] > 0
+    assert rows["in the background"]["copy_ms_per_save"] > 0
+    assert rows["in the step"]["copy_ms_per_save"] is None
+    background, in_step = (
+        rows[name]["save_delay_ms"] for name in ("in the background", "in the step")
+    )
+    ratio = background / in_step if in_step else None  # a delay within the noise is 0.0
+    assert report["ratio_background_delay_over_step_delay"] == pytest.approx(ratio, abs=1e-3)
+
+
 def test_gpu_check_says_in_one_line_that_there_is_no_cuda(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: scripts/gpu_check.sh runs for real there")

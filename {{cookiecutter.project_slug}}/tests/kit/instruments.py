@@ -57,6 +57,8 @@ from pathlib import Path
 import torch
 from lightning.pytorch import Callback
 
+from {{ cookiecutter.package_name }}.kit.checkpoints import background_writer
+
 
 def parameter_fingerprint(state_dict: dict) -> float:
     """The sum of every floating-point tensor of a module's state_dict."""
@@ -134,6 +136,7 @@ class Instruments(Callback):
         fill = os.environ.get("INSTRUMENTS_FILL")
         if fill and trainer.current_epoch == int(os.environ["INSTRUMENTS_FILL_EPOCH"]):
             last = trainer.checkpoint_callback.last_model_path
+            on_disk(trainer)
             fill_disk(Path(fill), leave=os.path.getsize(last) // 2 if last else 0)
         pause = os.environ.get("INSTRUMENTS_PAUSE_EPOCH")
         fit = os.environ.get("INSTRUMENTS_PAUSE_FIT")
@@ -209,8 +212,17 @@ def stop_requested(trainer) -> bool:
     return trainer.received_sigterm or any(getattr(p, "stop_pending", False) for p in parts)
 
 
+def on_disk(trainer) -> None:
+    """Until every checkpoint saved so far is written (they are written in the background)."""
+    writer = background_writer(trainer)
+    if writer is not None:
+        writer.wait()
+
+
 def pause_until_stopped(trainer) -> None:
-    """Write the pause marker, then wait (up to 120 s) for a stop signal."""
+    """Write the pause marker once what was saved is on disk, then wait (up to 120 s)
+    for a stop signal."""
+    on_disk(trainer)
     marker = Path(os.environ["INSTRUMENTS_PAUSE_MARKER"])
     marker.write_text(json.dumps({"global_step": trainer.global_step}))
     deadline = time.monotonic() + 120

@@ -70,6 +70,11 @@ CASES = {
         {},
         "error: trainer.limit_val_batches=some: expected",
     ),
+    "checkpoint.async that is not true or false": (
+        ["fit", "--checkpoint.async=maybe"],
+        {},
+        "error: checkpoint.async='maybe': must be true or false",
+    ),
     "checkpoint path that is a folder": (
         ["validate", "--ckpt_path=a-folder"],
         {"a-folder/": ""},

@@ -4,17 +4,22 @@ and a full disk is one clear error that loses nothing.
 Kit test: it runs whatever model and data `project.py` names.
 """
 
+import copy
 import errno
 import os
 import re
 import shutil
 import subprocess
+import threading
 import uuid
 from pathlib import Path
 
 import pytest
 import torch
+from lightning.pytorch import Callback
 from support import (
+    FakeClock,
+    assert_identical,
     fork_cli,
     load_checkpoint,
     main,
@@ -24,6 +29,7 @@ from support import (
 
 from {{ cookiecutter.package_name }}.kit import checkpoints
 from {{ cookiecutter.package_name }}.kit.checkpoints import (
+    BackgroundWriter,
     CheckpointSaveError,
     atomic_save,
     check_checkpoint,
@@ -37,7 +43,9 @@ def partial_files(folder: Path) -> list[Path]:
     return sorted(folder.rglob(f"*{checkpoints.PARTIAL}"))
 
 
-def test_an_improving_epochs_last_is_a_copy_of_its_best(workdir, monkeypatch):
+def test_an_improving_epochs_last_is_a_copy_of_its_best_when_written_in_the_step(
+    workdir, monkeypatch
+):
     copies = []
 
     def spy(source, path):
@@ -57,6 +65,7 @@ def test_an_improving_epochs_last_is_a_copy_of_its_best(workdir, monkeypatch):
             "--trainer.enable_progress_bar=false",
             "--checkpoint.monitor=step",
             "--checkpoint.mode=max",
+            "--checkpoint.async=false",
         ]
     )
     # The first save of last is its own; the next two try to copy their epoch's best.
@@ -71,6 +80,133 @@ def test_an_improving_epochs_last_is_a_copy_of_its_best(workdir, monkeypatch):
     (state,) = [s for s in checkpoint["callbacks"].values() if "last_model_path" in s]
     assert Path(state["last_model_path"]).name == "last.ckpt"
     assert not partial_files(last.parent)
+
+
+def test_a_background_save_waits_only_for_a_copy_and_one_write_at_a_time(tmp_path, monkeypatch):
+    released, written = threading.Event(), []
+
+    def held_back(state, path, save=None):
+        assert released.wait(60)
+        written.append((Path(path).name, state["weights"].clone()))
+        return Path(path)
+
+    monkeypatch.setattr(checkpoints, "atomic_save", held_back)
+    writer = BackgroundWriter()
+    writer.clock = clock = FakeClock()
+    weights = torch.zeros(4)
+    writer.save({"weights": weights, "step": 1}, tmp_path / "a.ckpt")  # returns: held back
+    writer.check()  # never waits
+    weights += 1  # the next steps train on
+    assert written == []
+    clock.advance(5.0)  # what a wait would count, whatever the machine's speed
+    threading.Timer(0.1, released.set).start()
+    writer.save({"weights": weights, "step": 2}, tmp_path / "b.ckpt")  # waits for a.ckpt
+    assert [name for name, _ in written] == ["a.ckpt"]
+    assert torch.equal(written[0][1], torch.zeros(4))  # the state of its own step
+    writer.close()
+    assert [name for name, _ in written] == ["a.ckpt", "b.ckpt"]
+    assert torch.equal(written[1][1], torch.ones(4))
+    assert writer.saves == 2 and writer.wait_seconds == 0.0 and writer.copy_seconds == 0.0
+
+    def full_disk(state, path, save=None):
+        raise CheckpointSaveError(f"cannot write {Path(path).name}: No space left on device")
+
+    monkeypatch.setattr(checkpoints, "atomic_save", full_disk)
+    writer.save({"weights": weights}, tmp_path / "c.ckpt")
+    with pytest.raises(CheckpointSaveError, match="cannot write c.ckpt"):
+        writer.wait()
+    writer.wait()  # raised once
+
+
+def test_a_background_save_holds_its_steps_state_while_training_goes_on(workdir, monkeypatch):
+    """The write of the step-3 save is held back until step 5 has trained, and still
+    holds step 3's weights and optimizer state, bit for bit. The epoch's end saves the
+    best, then `last` from the same copy: three copies for four files."""
+    trained_on, seen, written, later, staged = threading.Event(), {}, {}, {}, []
+    write, stage = checkpoints.atomic_save, BackgroundWriter.stage
+
+    def held_back(state, path, save=None):
+        if not written:
+            assert trained_on.wait(120)
+        path = write(state, path, save)
+        written[state["global_step"], path.name.split("-")[0]] = load_checkpoint(path)
+        return path
+
+    def counted(writer, state):
+        staged.append(state["global_step"])
+        return stage(writer, state)
+
+    class Record(Callback):
+        def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+            kept = {key: checkpoint[key] for key in ("state_dict", "optimizer_states")}
+            seen.setdefault(trainer.global_step, copy.deepcopy(kept))
+
+        def on_train_batch_end(self, trainer, pl_module, *args):
+            if trainer.global_step == 5:
+                later.update(copy.deepcopy(pl_module.state_dict()))
+                trained_on.set()
+
+    monkeypatch.setattr(checkpoints, "atomic_save", held_back)
+    monkeypatch.setattr(BackgroundWriter, "stage", counted)
+    main(
+        [
+            "fit",
+            "--trainer.max_epochs=1",
+            "--trainer.limit_train_batches=7",
+            "--trainer.limit_val_batches=1",
+            "--trainer.enable_progress_bar=false",
+            "--checkpoint.every_n_train_steps=3",
+        ],
+        callbacks=[Record()],
+    )
+    assert list(written) == [(3, "last.ckpt"), (6, "last.ckpt"), (7, "best"), (7, "last.ckpt")]
+    assert staged == [3, 6, 7]
+    for (step, _), checkpoint in written.items():
+        assert_identical(checkpoint["state_dict"], seen[step]["state_dict"], f"step {step}")
+        assert_identical(checkpoint["optimizer_states"], seen[step]["optimizer_states"])
+    # Training did go on while step 3's save was held back.
+    assert any(not torch.equal(later[k], written[3, "last.ckpt"]["state_dict"][k]) for k in later)
+
+
+def test_a_failed_background_write_stops_the_run_and_keeps_the_previous(workdir, monkeypatch):
+    write, calls = checkpoints.atomic_save, []
+
+    def fills_up(state, path, save=None):
+        calls.append(state["global_step"])
+        if len(calls) == 2:
+            raise CheckpointSaveError(f"cannot write {Path(path).name}: No space left on device")
+        return write(state, path, save)
+
+    monkeypatch.setattr(checkpoints, "atomic_save", fills_up)
+    with pytest.raises(CheckpointSaveError, match="cannot write last.ckpt: No space left"):
+        main(
+            [
+                "fit",
+                "--trainer.max_epochs=1",
+                "--trainer.limit_train_batches=12",
+                "--trainer.enable_progress_bar=false",
+                "--checkpoint.every_n_train_steps=2",
+            ]
+        )
+    # Stopped at the step after, or at the save after it at the latest.
+    assert calls == [2, 4]
+    (run,) = run_dirs(workdir)
+    last = run / "checkpoints" / "last.ckpt"
+    assert load_checkpoint(check_checkpoint(last))["global_step"] == 2
+
+
+def test_a_logger_that_uploads_each_checkpoint_as_saved_has_them_written_in_the_step():
+    from jsonargparse import Namespace
+
+    from {{ cookiecutter.package_name }}.kit.runs import uploads_each_checkpoint
+
+    def logger(**init_args):
+        return Namespace(class_path="lightning.pytorch.loggers.WandbLogger", init_args=init_args)
+
+    assert uploads_each_checkpoint(logger(log_model="all"))
+    assert uploads_each_checkpoint([logger(project="p"), logger(log_model="all")])
+    assert not uploads_each_checkpoint(logger(log_model=True))  # at the end: all written
+    assert not uploads_each_checkpoint(True) and not uploads_each_checkpoint(None)
 
 
 def test_a_copy_is_whole_or_nothing(tmp_path, monkeypatch):

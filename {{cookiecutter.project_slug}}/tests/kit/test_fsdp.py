@@ -207,30 +207,53 @@ def test_a_folder_whose_write_did_not_finish_is_refused_by_name(tmp_path):
         check_checkpoint(unfinished)
 
 
-@pytest.mark.parametrize("wrapped", [False, True], ids=["OSError", "CheckpointException"])
+@pytest.mark.parametrize(
+    ("wrapped", "background"),
+    [(False, False), (True, False), (True, True)],
+    ids=["OSError", "CheckpointException", "in the background"],
+)
 def test_a_full_disk_during_a_sharded_save_is_one_error_and_keeps_the_last_folder(
-    tmp_path, monkeypatch, wrapped
+    tmp_path, monkeypatch, wrapped, background
 ):
     """A real distributed-checkpoint save (one process), then one whose writer fails the
     way a full disk does (torch.distributed.checkpoint gathers each rank's error)."""
+    from concurrent.futures import Future
+
+    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
     from {{ cookiecutter.package_name }}.kit import sharding
+    from {{ cookiecutter.package_name }}.kit.checkpoints import AtomicCheckpointIO
 
     strategy, last = FSDP2Strategy(), tmp_path / "checkpoints" / "last.ckpt"
+    strategy.checkpoint_io = io = AtomicCheckpointIO(background)
     weights = {"weight": torch.arange(6.0).reshape(2, 3)}
-    strategy.save_checkpoint({"state_dict": dict(weights), "epoch": 0}, last)
+    strategy.save_checkpoint({"state_dict": weights, "epoch": 0}, last)
+    weights["weight"] += 1  # training goes on; the save holds its own step's state
+    if background:
+        io.writer.wait()
     assert check_checkpoint(last) == last
-    assert torch.equal(consolidate(last)["state_dict"]["weight"], weights["weight"])
+    assert torch.equal(consolidate(last)["state_dict"]["weight"], torch.arange(6.0).reshape(2, 3))
 
     def full_disk(state, folder):
         (folder / "__0_0.distcp").write_bytes(b"half")
         error = OSError(28, "No space left on device")
         raise CheckpointException("save", {0: (error, None)}) if wrapped else error
 
+    def full_disk_later(state, checkpoint_id, **kwargs):
+        written = Future()
+        try:
+            full_disk(state, checkpoint_id)
+        except BaseException as error:
+            written.set_exception(error)
+        return written
+
     monkeypatch.setattr(sharding, "dcp_save", full_disk)
+    monkeypatch.setattr(dcp, "async_save", full_disk_later)
     with pytest.raises(CheckpointSaveError, match=r"No space left on device") as caught:
         strategy.save_checkpoint({"state_dict": {"weight": torch.zeros(2, 3)}, "epoch": 1}, last)
+        if background:
+            io.writer.wait()
     assert "last.ckpt" in str(caught.value) and "free" in str(caught.value)
     assert sorted(p.name for p in last.parent.iterdir()) == ["last.ckpt"]  # no .partial
     assert consolidate(last)["epoch"] == 0

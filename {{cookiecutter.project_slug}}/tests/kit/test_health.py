@@ -117,10 +117,18 @@ def test_loader_workers_take_the_data_wait_off_the_training_process():
 
 
 def test_report_is_printed_at_fit_end(workdir, caplog):
+    flags = ["--trainer.max_steps=3", "--trainer.enable_progress_bar=false"]
     with caplog.at_level(logging.INFO):
-        cli = main(["fit", "--trainer.max_steps=3", "--trainer.enable_progress_bar=false"])
+        cli = main(["fit", *flags, "--checkpoint.every_n_train_steps=1"])
     line = next(r.message for r in caplog.records if r.message.startswith("Training health"))
     assert "samples/s | data wait" in line and "effective batch" in line
+    # What saving (after every optimizer step, then at the end) cost the steps.
+    saves = re.search(
+        r"\| (\d+) checkpoints written in the background, the steps waiting \d+\.\d\d s to"
+        r" copy them to host memory and \d+\.\d\d s for a write still in flight \|",
+        line,
+    )
+    assert saves and int(saves.group(1)) > cli.trainer.global_step, line
     # Batches, and the optimizer steps they took where those differ (several optimizers).
     batches, steps = batches_trained(cli.trainer), cli.trainer.global_step
     counted = f"| {batches} batches" + (f", {steps} optimizer steps" if steps != batches else "")

@@ -160,7 +160,7 @@ def test_a_killed_run_resumes_exactly_from_its_newest_checkpoint(workdir, uninte
     [("every_n_train_steps=3", 3), ("train_time_interval=0:00:00.000001", 1)],
     ids=["every 3 steps", "every microsecond"],
 )
-def test_mid_epoch_checkpoints_lose_at_most_their_interval_and_resume_exactly(
+def test_mid_epoch_checkpoints_lose_at_most_their_interval_and_the_write_in_flight(
     workdir, uninterrupted, trigger, every
 ):
     kill = steps_per_epoch(uninterrupted) // 2 + every  # in the first epoch, before validation
@@ -171,7 +171,8 @@ def test_mid_epoch_checkpoints_lose_at_most_their_interval_and_resume_exactly(
     assert killed.wait() == -signal.SIGKILL
     (run_dir,) = run_dirs(workdir)
     saved = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")
-    assert kill - every < batches_of(saved) <= kill
+    # The interval, and the save still being written when it was killed.
+    assert kill - 2 * every < batches_of(saved) <= kill
     assert not list((run_dir / "checkpoints").glob("best-*"))  # chosen by validation only
     run_forked("fit", "--ckpt_path=last", *flags, cwd=workdir)
     assert_same_run(workdir, uninterrupted)

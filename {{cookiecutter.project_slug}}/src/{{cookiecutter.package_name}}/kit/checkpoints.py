@@ -13,10 +13,15 @@ saved when stopped, loaded safely.
   `best-*.ckpt`; a damaged one is named and skipped. With nothing to resume it
   starts afresh, so the same command serves the first start and every restart
   of a cluster job.
+- A save does not stall training (`BackgroundWriter`): the step copies the state
+  into host memory and goes on; a thread of its own writes it, one save at a
+  time, and a failed write stops the run at the next step. `--checkpoint.async
+  false` writes in the step instead.
 - `check_checkpoint` refuses a truncated or corrupted file with a message that
   names it, before anything unpickles it.
 """
 
+import copy
 import os
 import re
 import shutil
@@ -27,7 +32,8 @@ import tempfile
 import threading
 import time
 import zipfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -39,8 +45,11 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.strategies import ModelParallelStrategy
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from torch import nn
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from .callbacks import keep_context
 from .internals import (
@@ -225,18 +234,197 @@ def remove_partial_files(directory: Path) -> list[Path]:
     return leftovers
 
 
+def _tensors(tree: Any, path: tuple = ()) -> Iterator[tuple[tuple, torch.Tensor]]:
+    """The plain tensors in the dicts, lists and tuples of `tree`, each with where it is."""
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            yield from _tensors(value, (*path, key))
+    elif isinstance(tree, list | tuple):
+        for index, value in enumerate(tree):
+            yield from _tensors(value, (*path, index))
+    elif type(tree) in (torch.Tensor, nn.Parameter) and tree.layout == torch.strided:
+        yield path, tree  # (a DTensor, a sparse or quantized one: deep-copied whole)
+
+
+class BackgroundWriter:
+    """Writes checkpoints in a thread of its own, one at a time, from a copy in host memory.
+
+    `save` copies the state into host buffers kept from one save to the next (pinned
+    for CUDA tensors, so the copies run at the bus's speed and the step waits for
+    them once), then hands the write (`atomic_save`'s: file, fsync, rename) to the thread
+    and returns. A save asked for while the previous one is still being written
+    waits for it first: at most one is in flight, and the buffers are reused only
+    once written. A failed write is raised by the next `check` (each step),
+    `wait` or `save`. The seconds a step spent copying and waiting are counted.
+    """
+
+    clock: Callable[[], float] = staticmethod(time.perf_counter)
+
+    def __init__(self) -> None:
+        self._thread: ThreadPoolExecutor | None = None
+        self._pending: Future | None = None
+        self._buffers: dict[tuple, torch.Tensor] = {}
+        self._shard_stager: DefaultStager | None = None
+        self._staged: tuple[Path, Any] | None = None  # the last save's path and copy
+        self.saves, self.copy_seconds, self.wait_seconds = 0, 0.0, 0.0
+
+    def stage(self, state: Any) -> Any:
+        """A copy of `state` that nothing the training does later changes: its tensors
+        copied into host buffers kept from the previous save (pinned for CUDA tensors,
+        the copies queued, then waited for once), the rest (counters, random states,
+        sample orders) deep-copied. (torch's DefaultStager does this too, but through a
+        decorated call for every Python object: 1.2 ms here, 40 ms there, for the
+        example's checkpoint of 1,500 objects.)"""
+        buffers, memo, on_cuda = {}, {}, False
+        for path, tensor in _tensors(state):
+            buffer = self._buffers.get(path)
+            if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
+                buffer = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=tensor.is_cuda)
+            buffer.copy_(tensor.detach(), non_blocking=tensor.is_cuda)
+            on_cuda = on_cuda or tensor.is_cuda
+            buffers[path] = memo[id(tensor)] = buffer
+        if on_cuda:
+            torch.cuda.synchronize()  # copied before the step changes the weights again
+        self._buffers = buffers  # a buffer whose tensor a later state lacks is let go
+        return copy.deepcopy(state, memo)
+
+    @property
+    def shard_stager(self) -> DefaultStager:
+        """torch's staging for its distributed checkpoint's asynchronous save (FSDP's
+        shards), kept from one save to the next with the host memory it holds."""
+        if self._shard_stager is None:
+            cuda = torch.cuda.is_available()
+            self._shard_stager = DefaultStager(
+                StagingOptions(
+                    use_pinned_memory=cuda,
+                    use_shared_memory=False,
+                    use_async_staging=False,  # copied before the step goes on
+                    use_non_blocking_copy=cuda,  # one wait for all the copies
+                )
+            )
+        return self._shard_stager
+
+    def save(self, state: Any, path: str | Path) -> None:
+        """Copy `state` and write it to `path` in the background (`atomic_save`)."""
+        self.wait()
+        try:
+            staged = self.timed(partial(self.stage, state))
+        except (TypeError, copy.Error) as error:  # an object that cannot be copied
+            rank_zero_warn(
+                f"checkpoint {Path(path).name} holds something that cannot be copied ({error}):"
+                " written in the step instead"
+            )
+            atomic_save(state, path)
+            return
+        self._staged = (Path(path), staged)
+        self.run(partial(atomic_save, staged, path))
+
+    def timed(self, copy: Callable[[], Any]) -> Any:
+        """`copy()`, its seconds counted as the steps' time spent copying."""
+        start = self.clock()
+        try:
+            return copy()
+        finally:
+            self.copy_seconds += self.clock() - start
+
+    def save_again(self, source: str | Path, path: str | Path) -> bool:
+        """Write the state the last save wrote to `source` to `path` too, after it, as part
+        of the same save (the step does not wait); False if that save was not `source`'s."""
+        if self._staged is None or self._staged[0] != Path(source):
+            return False
+        before, staged = self._pending, self._staged[1]
+
+        def after() -> None:
+            if before is not None:
+                before.result()  # a failed first write fails this one: its error is raised
+            atomic_save(staged, path)
+
+        self._pending = self._start(after)
+        return True
+
+    def run(self, job: Callable[[], Any]) -> None:
+        """`job` in the background, once the save in flight is written."""
+        self.wait()
+        self._pending = self._start(job)
+        self.saves += 1
+
+    def _start(self, job: Callable[[], Any]) -> Future:
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-writer")
+        return self._thread.submit(job)
+
+    def wait(self) -> None:
+        """Until the save in flight is written; raises its failure."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        start = self.clock()
+        try:
+            pending.result()
+        finally:
+            self.wait_seconds += self.clock() - start
+
+    def check(self) -> None:
+        """Raise the failure of a save whose write has ended; never waits."""
+        if self._pending is not None and self._pending.done():
+            self.wait()
+
+    def close(self) -> None:
+        """Wait for the save in flight, end the thread and let the buffers go."""
+        try:
+            self.wait()
+        finally:
+            self._staged, self._buffers = None, {}
+            if self._shard_stager is not None:
+                self._shard_stager.close()
+                self._shard_stager = None
+            if self._thread is not None:
+                self._thread.shutdown()
+                self._thread = None
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning's checkpoint IO, writing local files with `atomic_save`.
+    """Lightning's checkpoint IO, writing local files with `atomic_save`, in the
+    background (`BackgroundWriter`) unless `background` is False.
 
     (Lightning writes through an fsspec transaction whose temporary file lives
     in `$TMPDIR`: a copy, not an atomic rename, when that is another filesystem,
-    and nothing is fsync'd.) Remote paths (`s3://...`) keep Lightning's own way.
+    and nothing is fsync'd. Its AsyncCheckpointIO copies the state on the device,
+    queues any number of saves and raises a failed one only at the next save.)
+    Remote paths (`s3://...`) keep Lightning's own way, written in the step.
     """
+
+    def __init__(self, background: bool = True) -> None:
+        super().__init__()
+        self.writer = BackgroundWriter() if background else None
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
         if storage_options is not None or "://" in str(path):
+            if self.writer is not None:
+                self.writer.wait()  # one save at a time, in order
             return super().save_checkpoint(checkpoint, path, storage_options)
-        atomic_save(checkpoint, path)
+        if self.writer is None:
+            atomic_save(checkpoint, path)
+        else:
+            self.writer.save(checkpoint, path)
+
+    def copy(self, source: str | Path, path: str | Path) -> bool:
+        """`path` gets what the file `source`, saved this step, holds; False if it cannot
+        be read (the caller saves instead)."""
+        if self.writer is not None:
+            if self.writer.save_again(source, path):
+                return True
+            self.writer.wait()
+        return atomic_copy(source, path)
+
+    def teardown(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def background_writer(trainer: Trainer) -> BackgroundWriter | None:
+    """The trainer's BackgroundWriter, if its checkpoints are written by one."""
+    return getattr(trainer.strategy.checkpoint_io, "writer", None)
 
 
 def check_checkpoint(path: str | Path) -> Path:
@@ -358,6 +546,10 @@ class BestAndLast(ModelCheckpoint):
     each validation. (Lightning would save a `best-*` file at those steps with
     the previous validation's score, defer every save of the first epoch until
     its validation, and stop saving at epochs' ends.)
+
+    `async` (`--checkpoint.async`, a keyword in Python, hence read from the
+    keyword arguments): true (the default) writes each checkpoint in the
+    background from a copy in host memory, false writes it in the step.
     """
 
     _last_before: str | None = None  # last_model_path while `last` is being saved
@@ -374,6 +566,9 @@ class BestAndLast(ModelCheckpoint):
     ) -> None:
         # ModelCheckpoint's arguments; its step and time triggers are kept here, and
         # Lightning's saves at epochs' ends go on beside them.
+        self.background = kwargs.pop("async", True)
+        if not isinstance(self.background, bool):
+            raise ValueError(f"checkpoint.async={self.background!r}: must be true or false")
         self._mid_epoch = (every_n_train_steps or 0, train_time_interval)
         if every_n_train_steps or train_time_interval is not None:
             kwargs["every_n_epochs"] = kwargs.get("every_n_epochs") or 1
@@ -392,6 +587,9 @@ class BestAndLast(ModelCheckpoint):
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, index: int
     ) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, index)
+        writer = background_writer(trainer)
+        if writer is not None:
+            writer.check()  # a background write that failed stops the run here
         steps, interval = self._mid_epoch
         if accumulating(trainer) or (not steps and interval is None):
             return
@@ -429,11 +627,12 @@ class BestAndLast(ModelCheckpoint):
         # The best file records `last_model_path` as it was before this save:
         # the same state only if `last` keeps its path (not on the first save).
         same_path = self._last_before == filepath
-        # Only a file our own checkpoint IO wrote is surely whole on disk by now.
-        ours = isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
-        ours = ours and not Path(source or "").is_dir()  # a sharded folder is saved again
+        # Only a file our own checkpoint IO wrote is surely whole (or being written).
+        io = trainer.strategy.checkpoint_io
+        sharded = isinstance(trainer.strategy, ModelParallelStrategy)  # folders, saved again
+        ours = isinstance(io, AtomicCheckpointIO) and not sharded
         if same_step and same_path and ours and source and source != filepath:
-            copied = atomic_copy(source, filepath) if trainer.is_global_zero else True
+            copied = io.copy(source, filepath) if trainer.is_global_zero else True
             if trainer.strategy.broadcast(copied):
                 trainer.strategy.barrier("BestAndLast.copy")
                 note_saved(self, filepath)
@@ -612,6 +811,9 @@ class InterruptCheckpoint(OnExceptionCheckpoint):
             # Lightning's own call, saying what it saves (it warns when weights_only is
             # unset): the full training state, to resume from.
             trainer.save_checkpoint(self.ckpt_path, weights_only=False)
+            writer = background_writer(trainer)
+            if writer is not None:
+                writer.wait()  # on disk before the process ends and says so
             rank_zero_info(f"Stopped: saved {self.ckpt_path}; continue with `fit --ckpt_path last`")
         if self._requeue is not None:
             keep_context(exception, {"stopped_by": "SLURM's requeue signal"})

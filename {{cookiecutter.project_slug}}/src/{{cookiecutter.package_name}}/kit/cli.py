@@ -82,6 +82,7 @@ from .runs import (
     is_first_process,
     run_directory,
     run_of_checkpoint,
+    uploads_each_checkpoint,
 )
 from .spec import ConfigError, FSDPOptions, Project
 from .watch import Diverged, Divergence, RankWatch
@@ -412,7 +413,12 @@ class ProjectCLI(LightningCLI):
             raise ConfigError(str(error)) from error
         strategy = self.trainer.strategy
         if type(strategy.checkpoint_io) is TorchCheckpointIO:  # not a plugin of the user's
-            strategy.checkpoint_io = AtomicCheckpointIO()
+            background = getattr(self.trainer.checkpoint_callback, "background", True)
+            logger = self.section(self.config)["trainer"].get("logger")
+            if background and uploads_each_checkpoint(logger):
+                rank_zero_info("checkpoint.async: off, the logger uploads each file as it is saved")
+                background = False
+            strategy.checkpoint_io = AtomicCheckpointIO(background)
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
         # `callbacks` are the kit's, one per group of flags (--checkpoint.*, --health.*, ...),

@@ -43,6 +43,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from .callbacks import loader_facts
+from .checkpoints import background_writer
 from .internals import is_compiled
 from .peaks import cuda_peak
 
@@ -159,6 +160,18 @@ def slow_rank(
     why = f"{what.format(slowest[key])} (the median rank {typical[key]:.0f} ms): {fix}"
     message = f"rank {slowest['rank']} {head}: {why}"
     return {"rank": slowest["rank"], "cause": "data" if data else "compute", "message": message}
+
+
+def saving(trainer: Trainer) -> dict[str, Any]:
+    """What saving checkpoints in the background cost the steps (kit/checkpoints.py)."""
+    writer = background_writer(trainer)
+    if writer is None:
+        return {"background_saves": None, "save_copy_s": None, "save_wait_s": None}
+    return {
+        "background_saves": writer.saves,
+        "save_copy_s": round(writer.copy_seconds, 3),
+        "save_wait_s": round(writer.wait_seconds, 3),
+    }
 
 
 class TrainingHealth(Callback):
@@ -327,6 +340,7 @@ class TrainingHealth(Callback):
             ),
             "peak_memory_mib": peaks,
             "effective_batch_size": loader_facts(trainer)["effective_batch_size"],
+            **saving(trainer),
         }
 
     def measure_ranks(self, trainer: Trainer, pl_module: LightningModule) -> list[dict[str, Any]]:
@@ -390,6 +404,12 @@ class TrainingHealth(Callback):
             parts.append(f"peak memory per device: {peaks}")
         if facts["effective_batch_size"]:
             parts.append(f"effective batch {facts['effective_batch_size']}")
+        if facts.get("background_saves"):
+            parts.append(
+                f"{facts['background_saves']} checkpoints written in the background, the steps"
+                f" waiting {facts['save_copy_s']:.2f} s to copy them to host memory and"
+                f" {facts['save_wait_s']:.2f} s for a write still in flight"
+            )
         # Batches trained; optimizer steps too where they differ (several optimizers
         # stepped by hand, or gradients accumulated).
         counted = f"{facts['batches']} batches"

@@ -38,6 +38,12 @@ def _is_wandb(init: Any) -> bool:
     return "project" in init and "log_model" in init and "run_id" not in init
 
 
+def uploads_each_checkpoint(logger: Any) -> bool:
+    """Whether a configured logger uploads each checkpoint as it is saved (`log_model: all`)."""
+    loggers = logger if isinstance(logger, list) else [logger]
+    return any((_init_args(one) or {}).get("log_model") == "all" for one in loggers)
+
+
 def run_candidates(logger: Any) -> list[Path]:
     """The run directories the configured logger may continue (all of them unless it names one)."""
     init = _init_args(logger)

@@ -37,6 +37,7 @@ from torch import nn
 
 from .checkpoints import (
     PARTIAL_FOLDER,
+    BackgroundWriter,
     CheckpointError,
     CheckpointSaveError,
     _save_failure,
@@ -202,6 +203,7 @@ class FSDP2Strategy(ModelParallelStrategy):
         self.wrap = wrap  # Project.wrap
         self.blocks = options.blocks if options.blocks is not None else blocks  # or the project's
         self.sharded_blocks = 0
+        self._save_group: Any = None  # the background saves' gloo group, made at the first
 
     def setup_environment(self) -> None:
         if self._data_parallel_size == "auto":  # Lightning's "auto" is one per node
@@ -223,7 +225,13 @@ class FSDP2Strategy(ModelParallelStrategy):
         module = self.lightning_module
         if module is not None and "configure_model" in vars(module):
             del module.configure_model
-        super().teardown()
+        try:
+            self.checkpoint_io.teardown()  # the save in flight (Lightning's does not call it)
+        finally:
+            if self._save_group is not None:
+                torch.distributed.destroy_process_group(self._save_group)
+                self._save_group = None
+            super().teardown()
 
     def precision_policy(self) -> Any:
         """bf16 parameters, fp32 gradient reduction on CUDA under bf16; else None."""
@@ -316,9 +324,13 @@ class FSDP2Strategy(ModelParallelStrategy):
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options=None) -> None:
         """Each rank's shards and rank 0's `meta.pt` into `<name>.partial`, then the
-        COMMITTED marker, then one rename: whole or not at all."""
+        COMMITTED marker, then one rename: whole or not at all. With the checkpoint
+        IO's BackgroundWriter, the step waits only for the shards' copy to host memory."""
         if storage_options is not None:
             return super().save_checkpoint(checkpoint, filepath, storage_options)
+        writer = getattr(self.checkpoint_io, "writer", None)
+        if writer is not None:
+            writer.wait()  # the previous save is committed before another folder is begun
         path = Path(self.broadcast(str(filepath)))
         folder = path.with_name(path.name + PARTIAL_FOLDER)
         if self.is_global_zero:
@@ -327,6 +339,8 @@ class FSDP2Strategy(ModelParallelStrategy):
         shards = {"state_dict": checkpoint.pop("state_dict")}
         for index, state in enumerate(checkpoint.pop("optimizer_states", [])):
             shards[f"optimizer_{index}"] = state
+        if writer is not None:
+            return self._save_in_background(writer, shards, checkpoint, path, folder)
         failure: str | None = None
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -350,6 +364,47 @@ class FSDP2Strategy(ModelParallelStrategy):
         if self.is_global_zero:
             commit_folder(folder, path)
         self.barrier("sharded save: committed")
+
+    def _save_in_background(
+        self, writer: BackgroundWriter, shards: dict, rest: dict, path: Path, folder: Path
+    ) -> None:
+        """torch.distributed.checkpoint's async_save: the shards staged in the writer's host
+        memory, written by its thread, whose collectives go through a gloo group of their
+        own (the training's own collectives go on beside them). Once every rank's write is
+        done (torch's save ends with one), rank 0 writes `meta.pt`, COMMITTED and renames."""
+        from torch.distributed.checkpoint import async_save
+
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise CheckpointSaveError(_save_failure(path, error)) from error
+        if self._save_group is None and torch.distributed.is_initialized():
+            self._save_group = torch.distributed.new_group(backend="gloo")  # every rank, at once
+        stager, group = writer.shard_stager, self._save_group
+
+        def copy() -> tuple[Any, dict]:
+            written = async_save(
+                shards, checkpoint_id=folder, process_group=group, async_stager=stager
+            )
+            return written, writer.stage(rest) if self.is_global_zero else {}
+
+        written, rest = writer.timed(copy)
+
+        def commit() -> None:
+            try:
+                written.result()
+            except BaseException as error:
+                if self.is_global_zero:
+                    shutil.rmtree(folder, ignore_errors=True)
+                cause = _os_error_in(error)
+                if cause is None:
+                    raise
+                raise CheckpointSaveError(_save_failure(path, cause)) from error
+            if self.is_global_zero:
+                atomic_save(rest, folder / DCP_METADATA)
+                commit_folder(folder, path)
+
+        writer.run(commit)
 
     def _gather(self, value: Any) -> list[Any]:
         every: list[Any] = [None] * self.world_size
