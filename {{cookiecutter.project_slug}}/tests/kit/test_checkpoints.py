@@ -118,18 +118,54 @@ def test_a_background_save_waits_only_for_a_copy_and_one_write_at_a_time(tmp_pat
     writer.wait()  # raised once
 
 
+def test_a_copy_reuses_its_host_buffers_and_is_the_states_own():
+    """Each save copies into the buffers of the one before (no allocation a save), never
+    into the live tensors: a later change to the weights leaves the copy as it was."""
+    writer, weights, moments = BackgroundWriter(), torch.randn(3, 4), torch.ones(5)
+    state = {"state_dict": {"w": weights}, "optimizer_states": [{"m": moments}], "step": 1}
+    first = writer.stage(state)
+    assert first["state_dict"]["w"].data_ptr() != weights.data_ptr()
+    kept = first["state_dict"]["w"].clone()
+    weights.add_(1.0)
+    assert torch.equal(first["state_dict"]["w"], kept)
+    second = writer.stage({**state, "step": 2})
+    assert second["state_dict"]["w"].data_ptr() == first["state_dict"]["w"].data_ptr()
+    assert torch.equal(second["state_dict"]["w"], weights) and second["step"] == 2
+    assert second["optimizer_states"][0]["m"] is first["optimizer_states"][0]["m"]
+    state["state_dict"]["w"] = torch.randn(6)  # another shape: a buffer of its own
+    third = writer.stage(state)
+    assert third["state_dict"]["w"].shape == (6,)
+
+
+@pytest.mark.gpu
+def test_a_cuda_state_is_copied_to_pinned_buffers_and_waited_for_once(monkeypatch):
+    writer, synced = BackgroundWriter(), []
+    synchronize = torch.cuda.synchronize
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: synced.append(1) or synchronize())
+    weights = torch.randn(1024, 1024, device="cuda")
+    before = weights.cpu()
+    state = {"state_dict": {"a": weights, "b": weights * 2}, "rng": torch.get_rng_state()}
+    staged = writer.stage(state)
+    weights.add_(1.0)  # the next step, queued after the copies
+    assert synced == [1]
+    assert staged["state_dict"]["a"].is_pinned() and staged["state_dict"]["b"].is_pinned()
+    assert torch.equal(staged["state_dict"]["a"], before)
+
+
 def test_a_background_save_holds_its_steps_state_while_training_goes_on(workdir, monkeypatch):
-    """The write of the step-3 save is held back until step 5 has trained, and still
-    holds step 3's weights and optimizer state, bit for bit. The epoch's end saves the
-    best, then `last` from the same copy: three copies for four files."""
-    trained_on, seen, written, later, staged = threading.Event(), {}, {}, {}, []
+    """The first save's write is held back until a later batch has trained, and still
+    holds its own step's weights and optimizer state, bit for bit; so does every file,
+    written in the order asked for. An epoch's best and last share one copy."""
+    holding, trained_on = threading.Event(), threading.Event()
+    seen, written, later, staged = {}, [], {}, []
     write, stage = checkpoints.atomic_save, BackgroundWriter.stage
 
     def held_back(state, path, save=None):
-        if not written:
+        if not written and not holding.is_set():
+            holding.set()
             assert trained_on.wait(120)
         path = write(state, path, save)
-        written[state["global_step"], path.name.split("-")[0]] = load_checkpoint(path)
+        written.append((state["global_step"], path.name.split("-")[0], load_checkpoint(path)))
         return path
 
     def counted(writer, state):
@@ -140,9 +176,11 @@ def test_a_background_save_holds_its_steps_state_while_training_goes_on(workdir,
         def on_save_checkpoint(self, trainer, pl_module, checkpoint):
             kept = {key: checkpoint[key] for key in ("state_dict", "optimizer_states")}
             seen.setdefault(trainer.global_step, copy.deepcopy(kept))
+            if holding.is_set():
+                trained_on.set()  # this save waits for the held one: let it go
 
         def on_train_batch_end(self, trainer, pl_module, *args):
-            if trainer.global_step == 5:
+            if holding.is_set() and not trained_on.is_set():
                 later.update(copy.deepcopy(pl_module.state_dict()))
                 trained_on.set()
 
@@ -159,13 +197,16 @@ def test_a_background_save_holds_its_steps_state_while_training_goes_on(workdir,
         ],
         callbacks=[Record()],
     )
-    assert list(written) == [(3, "last.ckpt"), (6, "last.ckpt"), (7, "best"), (7, "last.ckpt")]
-    assert staged == [3, 6, 7]
-    for (step, _), checkpoint in written.items():
-        assert_identical(checkpoint["state_dict"], seen[step]["state_dict"], f"step {step}")
+    steps = [step for step, _, _ in written]
+    assert steps == sorted(steps) and set(steps) == set(seen) == set(staged)
+    assert [name for _, name, _ in written][-2:] == ["best", "last.ckpt"]  # the epoch's end
+    assert len(staged) < len(written)  # last written from the best's copy
+    for step, name, checkpoint in written:
+        assert_identical(checkpoint["state_dict"], seen[step]["state_dict"], f"{name} {step}")
         assert_identical(checkpoint["optimizer_states"], seen[step]["optimizer_states"])
-    # Training did go on while step 3's save was held back.
-    assert any(not torch.equal(later[k], written[3, "last.ckpt"]["state_dict"][k]) for k in later)
+    # Training did go on while the first save was held back.
+    first = written[0][2]["state_dict"]
+    assert later and any(not torch.equal(later[key], first[key]) for key in later)
 
 
 def test_a_failed_background_write_stops_the_run_and_keeps_the_previous(workdir, monkeypatch):

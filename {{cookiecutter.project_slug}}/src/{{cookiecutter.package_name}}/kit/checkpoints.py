@@ -319,11 +319,11 @@ class BackgroundWriter:
         self._staged = (Path(path), staged)
         self.run(partial(atomic_save, staged, path))
 
-    def timed(self, copy: Callable[[], Any]) -> Any:
-        """`copy()`, its seconds counted as the steps' time spent copying."""
+    def timed(self, copying: Callable[[], Any]) -> Any:
+        """`copying()`, its seconds counted as the steps' time spent copying."""
         start = self.clock()
         try:
-            return copy()
+            return copying()
         finally:
             self.copy_seconds += self.clock() - start
 
@@ -548,8 +548,9 @@ class BestAndLast(ModelCheckpoint):
     its validation, and stop saving at epochs' ends.)
 
     `async` (`--checkpoint.async`, a keyword in Python, hence read from the
-    keyword arguments): true (the default) writes each checkpoint in the
-    background from a copy in host memory, false writes it in the step.
+    keyword arguments, where jsonargparse finds it, typed by its default alone):
+    true (the default) writes each checkpoint in the background from a copy in
+    host memory, false writes it in the step.
     """
 
     _last_before: str | None = None  # last_model_path while `last` is being saved
@@ -567,8 +568,6 @@ class BestAndLast(ModelCheckpoint):
         # ModelCheckpoint's arguments; its step and time triggers are kept here, and
         # Lightning's saves at epochs' ends go on beside them.
         self.background = kwargs.pop("async", True)
-        if not isinstance(self.background, bool):
-            raise ValueError(f"checkpoint.async={self.background!r}: must be true or false")
         self._mid_epoch = (every_n_train_steps or 0, train_time_interval)
         if every_n_train_steps or train_time_interval is not None:
             kwargs["every_n_epochs"] = kwargs.get("every_n_epochs") or 1

@@ -351,6 +351,9 @@ class ProjectCLI(LightningCLI):
         config = self.config.get(subcommand or "")
         if config is None:
             return
+        background = (config.get("checkpoint") or {}).get("async", True)
+        if not isinstance(background, bool):  # typed by the default alone: see BestAndLast
+            raise ConfigError(f"checkpoint.async={background!r}: must be true or false")
         logger = config.get("trainer", {}).get("logger")
         if logger:
             prepare_logger(logger)
