@@ -49,7 +49,6 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import nn
-from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from .callbacks import keep_context
 from .internals import (
@@ -264,7 +263,7 @@ class BackgroundWriter:
         self._thread: ThreadPoolExecutor | None = None
         self._pending: Future | None = None
         self._buffers: dict[tuple, torch.Tensor] = {}
-        self._shard_stager: DefaultStager | None = None
+        self._shard_stager: Any = None  # torch's DefaultStager, made for FSDP's first save
         self._staged: tuple[Path, Any] | None = None  # the last save's path and copy
         self.saves, self.copy_seconds, self.wait_seconds = 0, 0.0, 0.0
 
@@ -289,10 +288,13 @@ class BackgroundWriter:
         return copy.deepcopy(state, memo)
 
     @property
-    def shard_stager(self) -> DefaultStager:
+    def shard_stager(self) -> Any:
         """torch's staging for its distributed checkpoint's asynchronous save (FSDP's
         shards), kept from one save to the next with the host memory it holds."""
         if self._shard_stager is None:
+            # (Imported here: torch.distributed.checkpoint takes 0.7 s to import.)
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
             cuda = torch.cuda.is_available()
             self._shard_stager = DefaultStager(
                 StagingOptions(

@@ -5,8 +5,9 @@ then parallelism): at the end of fit, and every `every_n_steps` if asked, rank
 0 reports samples per second, the share of step time spent waiting for the
 next batch (over every step but the first, which counts the FLOPs), a training
 step's FLOPs and the FLOP/s achieved, MFU against the device's peak
-(`kit/peaks.py`), the peak memory allocated on each CUDA device and the
-effective batch size. It adds no device sync to any step.
+(`kit/peaks.py`), the peak memory allocated on each CUDA device, the
+effective batch size and what saving checkpoints in the background cost the
+steps. It adds no device sync to any step.
 
 Under DDP and FSDP every rank waits for the slowest, so at the end of fit it
 gathers each rank's step time, data wait and what the rank takes to reach the
