@@ -83,8 +83,9 @@ def test_benchmark_writes_its_json(tmp_path):
     assert set(null["step_us"]) == rows and set(null["all_step_us"]) == rows
     assert all(len(us) == 1 for us in null["all_step_us"].values())
     us = null["step_us"]
+    # (Rounded to 3 places: a marginal cost lost in a noisy machine's spread is a small ratio.)
     assert null["ratio_project_over_lightning_bare"] == pytest.approx(
-        us["project"] / us["lightning_bare"], rel=0.01
+        us["project"] / us["lightning_bare"], rel=0.01, abs=5e-4
     )
     assert null["bells_us"]["progress_bar"] == pytest.approx(
         us["project"] - us["project_no_bar"], abs=0.2

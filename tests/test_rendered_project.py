@@ -92,9 +92,10 @@ def test_rendered_project_passes_its_own_test_suite(tmp_path, suite, answers, qu
         assert passed_count(outputs[-1]) >= 1 and "target" not in " ".join(runs[0]), outputs[-1]
     skipped = re.findall(r"SKIPPED \[\d+\] \S+: (.*)", output)
     if not torch.cuda.is_available():
-        # The GPU config's fast_dev_run (in test_cli.py) and the GPU fit, nothing else.
+        # The GPU config's fast_dev_run (in test_cli.py), the GPU fit and the pinned copy
+        # of a checkpoint's state (test_gpu.py), nothing else.
         gpu = ["needs a CUDA device; torch.cuda.is_available() is False"]
-        expected = 2 if slow is None else int("tests/kit/test_cli.py" in quick or quick == EVERY)
+        expected = 3 if slow is None else int("tests/kit/test_cli.py" in quick or quick == EVERY)
         assert skipped == gpu * expected
 
 

@@ -146,21 +146,6 @@ def test_a_copy_reuses_its_host_buffers_and_is_the_states_own():
     assert third["state_dict"]["w"].shape == (6,)
 
 
-@pytest.mark.gpu
-def test_a_cuda_state_is_copied_to_pinned_buffers_and_waited_for_once(monkeypatch):
-    writer, synced = BackgroundWriter(), []
-    synchronize = torch.cuda.synchronize
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: synced.append(1) or synchronize())
-    weights = torch.randn(1024, 1024, device="cuda")
-    before = weights.cpu()
-    state = {"state_dict": {"a": weights, "b": weights * 2}, "rng": torch.get_rng_state()}
-    staged = writer.stage(state)
-    weights.add_(1.0)  # the next step, queued after the copies
-    assert synced == [1]
-    assert staged["state_dict"]["a"].is_pinned() and staged["state_dict"]["b"].is_pinned()
-    assert torch.equal(staged["state_dict"]["a"], before)
-
-
 def test_a_background_save_holds_its_steps_state_while_training_goes_on(workdir, monkeypatch):
     """The first save's write is held back until a later batch has trained, and still
     holds its own step's weights and optimizer state, bit for bit; so does every file,

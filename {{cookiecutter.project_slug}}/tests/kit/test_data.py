@@ -397,6 +397,7 @@ def epochs_of(loader, epochs: int = 2) -> list[torch.Tensor]:
     return [torch.cat(list(loader)) for _ in range(epochs)]
 
 
+@pytest.mark.slow  # loader workers start for it; a synthetic dataset, whatever the model
 def test_a_samples_random_draws_depend_on_the_sample_and_the_epoch_alone():
     """Whatever reads it: the training process or 2 workers, from any global random state."""
     torch.manual_seed(0)

@@ -1,6 +1,7 @@
 """On a CUDA device: mixed precision, the model and its batches on the GPU, data in
 memory sliced there with no copy a batch, no step that makes the host wait for the
-device between logging steps, and a health report with MFU and peak memory.
+device between logging steps, a health report with MFU and peak memory, and a
+checkpoint's state copied to pinned host memory with one wait.
 
 Kit test: it runs whatever model and data `project.py` names. Skipped without CUDA.
 """
@@ -16,6 +17,7 @@ from support import main
 from torch.utils._pytree import tree_flatten
 
 from {{ cookiecutter.package_name }}.kit.callbacks import find_callback
+from {{ cookiecutter.package_name }}.kit.checkpoints import BackgroundWriter
 from {{ cookiecutter.package_name }}.kit.console import logs_this_step
 from {{ cookiecutter.package_name }}.kit.data import SlicedLoader
 from {{ cookiecutter.package_name }}.kit.health import TrainingHealth
@@ -123,3 +125,19 @@ def test_fit_on_the_gpu_waits_for_nothing_between_logging_steps(workdir, caplog)
     assert "MFU " in line or "MFU: peak unknown for" in line
     if summary["mfu"] is not None:
         assert 0 < summary["mfu"] < 1
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_a_cuda_state_is_copied_to_pinned_buffers_and_waited_for_once(monkeypatch):
+    writer, synced = BackgroundWriter(), []
+    synchronize = torch.cuda.synchronize
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: synced.append(1) or synchronize())
+    weights = torch.randn(1024, 1024, device="cuda")
+    before = weights.cpu()
+    state = {"state_dict": {"a": weights, "b": weights * 2}, "rng": torch.get_rng_state()}
+    staged = writer.stage(state)
+    weights.add_(1.0)  # the next step, queued after the copies
+    assert synced == [1]
+    assert staged["state_dict"]["a"].is_pinned() and staged["state_dict"]["b"].is_pinned()
+    assert torch.equal(staged["state_dict"]["a"], before)

@@ -168,6 +168,7 @@ def test_a_command_is_listed_and_its_help_needs_no_lightning(capsys, name, flags
     assert all(flag in result.stdout for flag in flags), result.stdout
 
 
+@pytest.mark.slow  # it waits out a grace period; the storage's, whatever the model
 @pytest.mark.parametrize("storage", [[], ["--storage=journal.log"]], ids=["sqlite", "journal"])
 def test_dead_trials_are_failed_and_queued_again(workdir, storage, monkeypatch, capsys):
     """Optuna's heartbeat: a trial that beat lately is left alone, one silent for longer
@@ -207,6 +208,7 @@ def test_dead_trials_are_failed_and_queued_again(workdir, storage, monkeypatch, 
     assert f"trial {silent.number} marked FAIL: its worker on another-machine" in printed
 
 
+@pytest.mark.slow  # two threads racing for a storage, whatever the model
 @pytest.mark.parametrize("kind", ["sqlite", "journal"])
 def test_of_two_workers_reaching_for_one_trial_at_once_one_takes_it(workdir, kind, monkeypatch):
     """Two workers start the same queued trial, then mark the same dead trial FAIL, each
