@@ -318,19 +318,23 @@ def package_of(project: Path) -> argparse.Namespace:
     return argparse.Namespace(**found, project=found["main"].project())
 
 
-def null_package(work: Path) -> argparse.Namespace:
-    """The null project: rendered, its model.py and project.py replaced, imported."""
+def render_with(work: Path, name: str, model: str, project_py: str) -> Path:
+    """The default project rendered as `name` into `work`, its `model.py` and `project.py`
+    replaced by the given texts, as a user plugs in their own model; its root."""
     project = Path(
         cookiecutter(
-            str(TEMPLATE),
-            no_input=True,
-            output_dir=str(work),
-            extra_context={"project_name": NULL_NAME},
+            str(TEMPLATE), no_input=True, output_dir=str(work), extra_context={"project_name": name}
         )
     )
-    package = project / "src" / "null_step"
-    (package / "model.py").write_text(NULL_MODEL)
-    (package / "project.py").write_text(NULL_PROJECT)
+    package = project / "src" / project.name.replace("-", "_")
+    (package / "model.py").write_text(model)
+    (package / "project.py").write_text(project_py)
+    return project
+
+
+def null_package(work: Path) -> argparse.Namespace:
+    """The null project: rendered, its model.py and project.py replaced, imported."""
+    project = render_with(work, NULL_NAME, NULL_MODEL, NULL_PROJECT)
     sys.path.insert(0, str(project / "src"))
     return argparse.Namespace(
         root=project,

@@ -33,7 +33,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from cookiecutter.main import cookiecutter
+sys.path.insert(0, str(Path(__file__).parent))
+import bench  # noqa: E402  (the CPU benchmark's rendering, reused)
 
 TEMPLATE = Path(__file__).resolve().parents[1]
 NAME = "Save Cost"  # the rendered project whose project.py names the big model
@@ -81,19 +82,6 @@ from .model import Noise, Wide
 PROJECT = Project(model=Wide, datamodule=Noise, monitor="val/loss", mode="min")
 TARGET = 10.0
 """
-
-
-def render(work: Path) -> Path:
-    """The default project, its model and project.py replaced by the big model's."""
-    project = Path(
-        cookiecutter(
-            str(TEMPLATE), no_input=True, output_dir=str(work), extra_context={"project_name": NAME}
-        )
-    )
-    package = project / "src" / "save_cost"
-    (package / "model.py").write_text(MODEL)
-    (package / "project.py").write_text(PROJECT)
-    return project
 
 
 def one_run(project: Path, mode: str, width: int, layers: int, steps: int, every: int):
@@ -197,7 +185,7 @@ def main() -> int:
         project, mode = Path(args.one_run[0]), args.one_run[1]
         print(json.dumps(one_run(project, mode, *work)))
         return 0
-    project = render(Path(tempfile.mkdtemp(prefix="saves-")))
+    project = bench.render_with(Path(tempfile.mkdtemp(prefix="saves-")), NAME, MODEL, PROJECT)
     rows, baseline = {}, None
     for name, mode in (
         ("no saves", "none"),
