@@ -53,11 +53,13 @@ last checkpoint) dropped out.
 """
 
 import argparse
+import atexit
 import contextlib
 import importlib
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -318,6 +320,14 @@ def package_of(project: Path) -> argparse.Namespace:
     return argparse.Namespace(**found, project=found["main"].project())
 
 
+def scratch(prefix: str) -> Path:
+    """A new folder for a benchmark's projects, checkpoints and logs, removed when the
+    process exits (a save benchmark writes gigabytes)."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, work, ignore_errors=True)
+    return work
+
+
 def render_with(work: Path, name: str, model: str, project_py: str) -> Path:
     """The default project rendered as `name` into `work`, its `model.py` and `project.py`
     replaced by the given texts, as a user plugs in their own model; its root."""
@@ -528,7 +538,7 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=TEMPLATE / "benchmarks" / "latest.json")
     args = parser.parse_args()
 
-    work = Path(tempfile.mkdtemp(prefix="bench-"))
+    work = scratch("bench-")
     project = Path(cookiecutter(str(TEMPLATE), no_input=True, output_dir=str(work)))
     pkg = package_of(project)
     import torch

@@ -13,7 +13,6 @@ table and written as JSON. Needs CUDA.
 import argparse
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 from cookiecutter.main import cookiecutter
@@ -36,7 +35,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("gpu.py: no CUDA device (torch.cuda.is_available() is False)", file=sys.stderr)
         return 1
-    work = Path(tempfile.mkdtemp(prefix="gpu-check-"))
+    work = bench.scratch("gpu-check-")
     project = Path(cookiecutter(str(TEMPLATE), no_input=True, output_dir=str(work)))
     pkg = bench.package_of(project)
     import os

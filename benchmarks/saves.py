@@ -30,7 +30,6 @@ import resource
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -185,7 +184,7 @@ def main() -> int:
         project, mode = Path(args.one_run[0]), args.one_run[1]
         print(json.dumps(one_run(project, mode, *work)))
         return 0
-    project = bench.render_with(Path(tempfile.mkdtemp(prefix="saves-")), NAME, MODEL, PROJECT)
+    project = bench.render_with(bench.scratch("saves-"), NAME, MODEL, PROJECT)
     rows, baseline = {}, None
     for name, mode in (
         ("no saves", "none"),

@@ -51,6 +51,7 @@ fi
 if no_cuda "$PYTHON"; then exit 1; fi
 out="${GPU_CHECK_OUTPUT:-build/gpu-check/gpu_check.json}"
 work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
 "$PYTHON" -m cookiecutter . --no-input --output-dir "$work" >/dev/null
 project="$work/my-lightning-project"
 if [ -n "${WHEELHOUSE:-}" ]; then

@@ -82,7 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     have = dict(item.split("==", 1) for item in args.have)
     have.setdefault("torch", args.torch)
     args.output.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="wheelhouse-"))
+    with tempfile.TemporaryDirectory(prefix="wheelhouse-") as work:
+        return download(args, have, Path(work))
+
+
+def download(args: argparse.Namespace, have: dict[str, str], work: Path) -> int:
+    """The wheels into args.output, with `work` as scratch for the render and stand-ins."""
     project = Path(cookiecutter(str(TEMPLATE), no_input=True, output_dir=str(work / "render")))
     stand_ins = work / "stand-ins"
     stand_ins.mkdir()

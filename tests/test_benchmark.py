@@ -100,7 +100,11 @@ def test_benchmark_writes_its_json(tmp_path):
 def test_the_save_benchmark_times_a_saving_step_in_the_step_and_in_the_background(tmp_path):
     output = tmp_path / "saves.json"
     small = ("--width=256", "--layers=2", "--steps=6", "--every=2")
-    python(str(TEMPLATE / "benchmarks" / "saves.py"), *small, f"--output={output}", cwd=tmp_path)
+    scratch = tmp_path / "scratch"  # its project and checkpoints, removed at its exit
+    scratch.mkdir()
+    saves = str(TEMPLATE / "benchmarks" / "saves.py")
+    python(saves, *small, f"--output={output}", cwd=tmp_path, TMPDIR=str(scratch))
+    assert list(scratch.glob("saves-*")) == []
     report = json.loads(output.read_text())
     assert report["work"] == {
         "parameters": 2 * (256 * 256 + 256),
