@@ -43,10 +43,11 @@ def commands_of(readme: str) -> list[str]:
 
 def docs_commands(project: Path) -> list[str]:
     """The commands of a render's README, then of each docs/ page in the order its table
-    links them (a reader's order), each once."""
+    links them (a reader's order), then of AGENTS.md, each once."""
     readme = (project / "README.md").read_text()
     pages = dict.fromkeys(re.findall(r"\(docs/([\w-]+)\.md\)", readme))
     texts = [readme, *((project / "docs" / f"{page}.md").read_text() for page in pages)]
+    texts.append((project / "AGENTS.md").read_text())
     return list(dict.fromkeys(command for text in texts for command in commands_of(text)))
 
 
@@ -91,7 +92,8 @@ RENDERED_RULES = [
     ),
     (r"\S+ fit --config configs/accumulate\.yaml --config configs/profile\.yaml", "run"),
     (r"\S+ (validate|test|predict) +--ckpt_path \$CKPT", "run"),
-    (r"\S+ export +--ckpt_path \$CKPT --output model\.(pt|pt2|onnx)", "run"),
+    (r"\S+ export +--ckpt_path \$CKPT --output model(\.pt|\.pt2|\.onnx|/)", "run"),
+    (r"hf upload <user>/<model-name> model/", "skip needs a Hugging Face account and the network"),
     # PyTorch's indexes are out of reach here: test_uv.py resolves the extras offline,
     # and `uv run` runs the command in the environment pip made above.
     (
@@ -146,6 +148,7 @@ RENDERED_RULES = [
         r"pytest( --all| -m target)?",
         "covered tests/test_rendered_project.py runs the suite, and `-m target` on two renders",
     ),
+    (r"pytest tests/kit/test_numerics\.py --record-numerics", "run"),
     (r"ruff check \. && ruff format --check \.", "run"),
     (r"git init && pre-commit install", "run"),
     (r"cruft (check|update|link .*)", "covered tests/test_ecosystem.py (a cruft-made project)"),
@@ -232,6 +235,8 @@ def test_every_command_of_the_rendered_readme(tmp_path):
     assert "usage: my-lightning-project <command>" in out and "  export " in out
     assert (project / "predictions.csv").is_file() and (project / "model.pt").is_file()
     assert (project / "model.pt2").is_file() and (project / "model.onnx").is_file()
+    assert (project / "model" / "model.safetensors").is_file()
+    assert "| test/acc |" in (project / "model" / "README.md").read_text()  # `test` ran first
     assert (project / ".git" / "hooks" / "pre-commit").is_file()
 
 

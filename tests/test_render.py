@@ -82,7 +82,8 @@ def expected_files(package: str, answers: dict) -> set[str]:
     answers = {**DEFAULTS, **answers}
     users = "__init__ __main__ data model project"
     kit = (
-        "__init__ callbacks checkpoints cli console data doctor export footprint hardware health"
+        "__init__ callbacks checkpoints cli console data doctor export folder footprint hardware"
+        " health"
         " hints"
         " bench internals machine memory peaks predict repeat resume runs sharding spec stopping"
         " sweep trial watch collectives"
@@ -93,7 +94,8 @@ def expected_files(package: str, answers: dict) -> set[str]:
         " test_fsdp test_memory"
         " test_cli test_compile test_data test_ddp test_doctor test_export test_faults"
         " test_gpu test_hardware test_health test_hints test_imports test_internals test_model"
-        " test_peaks test_repeat test_resume test_runs test_sweep test_syncs test_watch"
+        " test_numerics test_peaks test_repeat test_resume test_runs test_sweep test_syncs"
+        " test_watch"
     )
     support = "__init__ batches fits models processes project readers"
     configs = "accumulate ddp debug default fsdp gpu profile sweep"
@@ -104,6 +106,7 @@ def expected_files(package: str, answers: dict) -> set[str]:
     files = {
         ".gitignore",
         ".pre-commit-config.yaml",
+        "AGENTS.md",
         "README.md",
         "pyproject.toml",
         *(f"configs/{name}.yaml" for name in configs.split()),
@@ -111,6 +114,7 @@ def expected_files(package: str, answers: dict) -> set[str]:
         *(f"src/{package}/{name}.py" for name in users.split()),
         *(f"src/{package}/kit/{name}.py" for name in kit.split()),
         *(f"tests/{name}.py" for name in users_tests.split()),
+        "tests/numerics.json",
         *(f"tests/kit/{name}.py" for name in kit_tests.split()),
         *(f"tests/support/{name}.py" for name in support.split()),
     }
@@ -373,6 +377,25 @@ def test_the_readme_links_every_page_and_every_reference_resolves(rendered):
     assert "PROJECT = Project(" in first and all(
         name in first for name in ("model.py", "data.py", "project.py")
     )
+
+
+def test_agents_md_names_real_files_and_the_kits_own(rendered):
+    """AGENTS.md, what a coding agent reads first: every file or folder it names in
+    backticks is in the render, and it names the user's files and the kit's folders.
+    (test_readme.py runs its commands.)"""
+    _, project = rendered
+    package = package_of(project)
+    text = (project / "AGENTS.md").read_text(encoding="utf-8")
+    named = {
+        word
+        for word in re.findall(r"`([\w./-]+)`", text)
+        if "/" in word or re.fullmatch(r"[\w-]+\.(py|md|yaml|json|toml)", word)
+    }
+    missing = {word for word in named if not (project / word).exists()}
+    assert not missing, sorted(missing)
+    for own in ("model.py", "data.py", "project.py", "kit/spec.py"):
+        assert f"src/{package}/{own}" in named
+    assert {f"src/{package}/kit/", "tests/kit/", "configs/default.yaml"} <= named
 
 
 def test_readme_mentions_only_the_chosen_example(rendered):

@@ -1,6 +1,7 @@
 """What a user does after rendering: install it, run its command, run its tests."""
 
 import re
+import subprocess
 import sys
 
 import pytest
@@ -97,6 +98,30 @@ def test_rendered_project_passes_its_own_test_suite(tmp_path, suite, answers, qu
         gpu = ["needs a CUDA device; torch.cuda.is_available() is False"]
         expected = 3 if slow is None else int("tests/kit/test_cli.py" in quick or quick == EVERY)
         assert skipped == gpu * expected
+
+
+@pytest.mark.slow
+def test_a_one_line_change_to_the_models_forward_fails_the_numerics_test(tmp_path):
+    """tests/numerics.json pins the example's numbers: a changed forward fails with the
+    tensor that moved first, until they are recorded again (test_readme.py runs that)."""
+    project = render(tmp_path)
+    model = project / "src" / "my_lightning_project" / "model.py"
+    line = "return self.head(self.features((x - self.mean) / self.std))"
+    assert line in model.read_text()
+    model.write_text(model.read_text().replace(line, line.replace("x - self.mean", "x")))
+    test = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0"]
+    result = subprocess.run(
+        [*test, "tests/kit/test_numerics.py"], cwd=project, capture_output=True, text=True
+    )
+    assert result.returncode == 1, result.stdout[-3000:]
+    (message,) = re.findall(r"AssertionError: (the model's numbers moved: .*)", result.stdout)
+    assert message.startswith("the model's numbers moved: network output 0: mean"), message
+    assert message.endswith(
+        "If that is meant: `pytest tests/kit/test_numerics.py --record-numerics`, and commit"
+        " tests/numerics.json"
+    )
+    run([*test, "tests/kit/test_numerics.py", "--record-numerics"], cwd=project)
+    run([*test, "tests/kit/test_numerics.py"], cwd=project)
 
 
 @pytest.mark.gpu

@@ -2,7 +2,8 @@
 
 Each problem in `replacements/` is what a user writes: `project.py`, `model.py`
 and `data.py`. It is copied into a fresh render, the example's own tests are
-deleted, and the kit's tests run with no edit anywhere else: the quick ones,
+deleted, its model's numbers are recorded (as the README says to), and the
+kit's tests run with no edit anywhere else: the quick ones,
 and the slow ones that touch what differs from the example (a fit to the
 problem's own target, evaluation and predictions, an exact resume, DDP, FSDP).
 The newer problems are rendered under names of their own (their imports inside
@@ -78,6 +79,10 @@ def port(tmp_path: Path, problem: str) -> Path:
     for file in USER_FILES:
         shutil.copy(REPLACEMENTS / problem / file, package / file)
     (project / "tests" / "test_example.py").unlink()
+    # The example's numbers, pinned in tests/numerics.json, are recorded for this model.
+    record = ["-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "--record-numerics"]
+    test = "tests/kit/test_numerics.py"
+    run([sys.executable, *record, test], cwd=project, env=env_without_mlflow_uri())
     return project
 
 

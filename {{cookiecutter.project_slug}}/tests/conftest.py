@@ -13,6 +13,11 @@ def pytest_addoption(parser):
     parser.addoption(
         "--all", action="store_true", help="the slow tests too (a plain pytest runs the quick)"
     )
+    parser.addoption(
+        "--record-numerics",
+        action="store_true",
+        help="write the model's numbers to tests/numerics.json (tests/kit/test_numerics.py)",
+    )
 
 
 def pytest_collection_modifyitems(config, items):

@@ -9,7 +9,7 @@ optimizers by hand takes more optimizer steps (`global_step`) than batches.
 
 - INSTRUMENTS_RECORD=<prefix>: when training starts (after any resume) and at
   each epoch's start, append one JSON line to `<prefix>-rank<R>.jsonl`: the
-  event, rank, world size, epoch, global step, the
+  event, torchrun's attempt, rank, world size, epoch, global step, the
   sample indices this rank's sampler yields this epoch, fingerprints of the
   parameters and of the optimizer state, and the schedulers' states;
 - INSTRUMENTS_SAMPLES=<prefix>: at each training batch, append one JSON line to
@@ -112,6 +112,7 @@ class Instruments(Callback):
         sampler = getattr(trainer.train_dataloader, "sampler", None)
         record = {
             "event": event,
+            "attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),  # torchrun's
             "rank": trainer.global_rank,
             "world_size": trainer.world_size,
             "epoch": trainer.current_epoch,

@@ -7,6 +7,7 @@ marked `target` and runs only when asked for (`pytest -m target`).
 """
 
 import csv
+import json
 import logging
 import re
 import shutil
@@ -231,6 +232,15 @@ def test_validate_and_test_the_best_checkpoint_into_its_run(trained_checkpoint, 
     if is_overridden("test_step", validated.lightning_module):
         tested = main(["test", "--ckpt_path", str(best)]).trainer
         assert any(name.startswith("test/") for name in tested.callback_metrics)
+        # Kept beside the run, by checkpoint, for the model card of an export of it.
+        kept = json.loads((run / "test_metrics.json").read_text())
+        assert kept == {
+            best.name: {name: float(value) for name, value in tested.callback_metrics.items()}
+        }
+        assert command(["export", "--ckpt_path", str(best), "--output", "handed-over/"]) == 0
+        card = (workdir / "handed-over" / "README.md").read_text()
+        for name, value in kept[best.name].items():
+            assert f"| {name} | {value:.4g} |" in card
     # Into the checkpoint's own run, beside its training curves; no new run anywhere.
     assert run_dirs(workdir / "copy") == [run]
     assert len(logged_scalars(run)[MONITOR]) == before + 1

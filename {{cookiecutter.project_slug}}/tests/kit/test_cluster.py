@@ -97,8 +97,10 @@ def test_torchrun_two_nodes_over_loopback(workdir):
     for result in results:
         assert result.returncode == 0, failure("torchrun.sh", result)
 
-    # Both ranks joined one world of two, each on its own shard.
+    # Both ranks joined one world of two, each on its own shard (in torchrun's last
+    # attempt: on a loaded machine a worker may fail, and torchrun starts both again).
     records = read_records(workdir / "seen")
+    records = [r for r in records if r["attempt"] == max(r["attempt"] for r in records)]
     assert sorted((r["rank"], r["world_size"]) for r in records) == [(0, 2), (1, 2)]
     rank0, rank1 = (set(r["indices"]) for r in records)
     left = loader_length(configured(), "train") - len(rank0 | rank1)

@@ -1,5 +1,5 @@
-"""After training: `export` (the network as a state_dict, a torch.export program or
-ONNX) and `predict` (a CSV file).
+"""After training: `export` (the network as a state_dict, a torch.export program,
+ONNX or a model folder with its card) and `predict` (a CSV file).
 
 Kit test: it exports whatever model `project.py` names, and feeds it a batch of
 the configured data. Predictions of any shape get columns.
@@ -7,6 +7,7 @@ the configured data. Predictions of any shape get columns.
 
 import dataclasses
 import functools
+import json
 import os
 import struct
 import subprocess
@@ -15,9 +16,20 @@ import zipfile
 
 import lightning
 import pytest
+import safetensors.torch
 import torch
+import yaml
 from lightning.pytorch import LightningDataModule, LightningModule
-from support import PACKAGE, PROJECT, configured, failure, first_batch, same_values
+from support import (
+    PACKAGE,
+    PROJECT,
+    best_score,
+    configured,
+    failure,
+    first_batch,
+    load_checkpoint,
+    same_values,
+)
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -39,6 +51,7 @@ from {{ cookiecutter.package_name }}.kit.export import (
     network_inputs,
     tensors_of,
 )
+from {{ cookiecutter.package_name }}.kit.folder import FolderError, as_json, unshared
 from {{ cookiecutter.package_name }}.kit.predict import PredictionWriter, prediction_columns
 from {{ cookiecutter.package_name }}.kit.spec import network_of
 
@@ -81,6 +94,72 @@ def test_export_command_writes_the_file_and_names_every_error(trained_checkpoint
     assert "error: checkpoint 'missing.ckpt' does not exist" in err and "Traceback" not in err
     assert sorted(p.name for p in workdir.iterdir()) == ["out"]  # nothing written for a failure
     assert [p.name for p in (workdir / "out").iterdir()] == ["model.pt"]  # no temporary files
+
+
+def test_a_model_folder_loads_without_pickle_and_carries_its_card(
+    trained_checkpoint, workdir, capfd
+):
+    assert command(["export", f"--ckpt_path={trained_checkpoint}", "--output=handover/"]) == 0
+    assert "load_network('handover', PROJECT)" in capfd.readouterr().out
+    folder = workdir / "handover"
+    assert sorted(p.name for p in workdir.iterdir()) == ["handover"]  # nothing half-written
+    layout = ["README.md", "config.json", "model.safetensors", "training_config.yaml"]
+    assert sorted(p.name for p in folder.iterdir()) == layout
+    # The weights are safetensors (no pickle to run) and the checkpoint network's.
+    weights = safetensors.torch.load_file(folder / "model.safetensors")
+    module, hparams = load_checkpoint_module(trained_checkpoint, PROJECT)
+    attribute, inner = network_of(module, PROJECT.network)
+    assert weights.keys() == inner.state_dict().keys()
+    assert all(torch.equal(weights[k], v) for k, v in inner.state_dict().items())
+    network = load_network(folder, PROJECT)
+    assert type(network) is type(inner) and not network.training
+    inputs = network_inputs(first_batch(configured(), "predict"), PROJECT.network_inputs)
+    with torch.no_grad():
+        assert same_values(tensors_of(network(*inputs)), tensors_of(inner(*inputs)))
+    config = json.loads((folder / "config.json").read_text())
+    assert config["attribute"] == attribute and config["hyper_parameters"] == json.loads(
+        json.dumps(hparams)
+    )
+    assert [(i["shape"][1:], i["dtype"]) for i in config["inputs"]] == [
+        (list(x.shape[1:]), str(x.dtype).removeprefix("torch.")) for x in inputs
+    ]
+    assert config["dynamic_dims"] == {str(d): name for d, name in PROJECT.dims.items()}
+    # The card: the Hub's metadata, the run's figures, the authors' sections marked.
+    card = (folder / "README.md").read_text()
+    _, front, body = card.split("---\n", 2)
+    assert yaml.safe_load(front)["library_name"] == "pytorch"
+    score = best_score(load_checkpoint(trained_checkpoint))
+    assert f"| best {PROJECT.monitor} ({PROJECT.mode}) | {score:.4g}, at epoch " in body
+    assert "| test | not run on this checkpoint" in body
+    assert f"epoch {load_checkpoint(trained_checkpoint)['epoch']}" in body
+    assert "## To be written by the model's authors" in body and "_Not written yet._" in body
+    # Written again over it: replaced. Over a folder of other files: refused, untouched.
+    assert command(["export", f"--ckpt_path={trained_checkpoint}", "--output=handover/"]) == 0
+    assert sorted(p.name for p in workdir.iterdir()) == ["handover"]
+    mine = workdir / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    assert command(["export", f"--ckpt_path={trained_checkpoint}", "--output=mine/"]) == 2
+    err = capfd.readouterr().err
+    assert "error: 'mine' exists and is not a model folder" in err and "Traceback" not in err
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+    assert sorted(p.name for p in workdir.iterdir()) == ["handover", "mine"]
+
+
+def test_a_model_folder_keeps_tied_weights_and_refuses_what_json_cannot_hold(tmp_path):
+    tied = nn.Sequential(nn.Embedding(5, 3), nn.Linear(3, 5, bias=False))
+    tied[1].weight = tied[0].weight
+    tensors = unshared(tied.state_dict())
+    assert torch.equal(tensors["0.weight"], tensors["1.weight"])
+    safetensors.torch.save_file(tensors, tmp_path / "w.safetensors")  # refuses shared memory
+    assert as_json({"sizes": (1, 2), "name": "x"}, "hyper_parameters") == {
+        "sizes": [1, 2],
+        "name": "x",
+    }
+    with pytest.raises(FolderError, match=r"hyper_parameters\.dtype is a dtype"):
+        as_json({"dtype": torch.float16}, "hyper_parameters")
+    with pytest.raises(FolderError, match="is not a model folder"):
+        load_network(tmp_path, PROJECT)
 
 
 def checkpoint_network_cases(checkpoint) -> list[tuple[tuple, list[torch.Tensor]]]:
@@ -201,8 +280,9 @@ def test_onnx_export_runs_in_onnxruntime_with_a_dynamic_batch(trained_checkpoint
             assert torch.allclose(got, want, rtol=1e-4, atol=1e-5), (got - want).abs().max()
 
 
-def test_the_format_follows_the_suffix_unless_named():
+def test_the_format_follows_the_suffix_unless_named(tmp_path):
     assert format_of("model.pt") == format_of("weights.pth") == format_of("net") == "state_dict"
+    assert format_of("model/") == format_of(tmp_path) == "folder"
     assert format_of("model.pt2") == "pt2" and format_of("dir/Model.ONNX") == "onnx"
     assert format_of("model.pt", "onnx") == "onnx"
     with pytest.raises(ExportError, match="unknown format 'tflite'"):

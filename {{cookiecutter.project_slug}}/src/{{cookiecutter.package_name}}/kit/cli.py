@@ -75,6 +75,7 @@ from .runs import (
     DiscardFailedStart,
     FinishRun,
     FitResult,
+    KeepTestMetrics,
     claim_new_run,
     continue_run,
     discard_run,
@@ -430,6 +431,7 @@ class ProjectCLI(LightningCLI):
         callbacks = [
             *callbacks,
             DiscardFailedStart(new_run=self._new_run),
+            KeepTestMetrics(),
             *(
                 kind(**section[key].as_dict(), **given)
                 for key, (kind, given) in self.project_callbacks().items()

@@ -1,10 +1,16 @@
-"""`<command> export`: the trained network of a checkpoint, as a file.
+"""`<command> export`: the trained network of a checkpoint, as a file or a folder.
 
     <command> export --ckpt_path CKPT --output model.pt     # state_dict
     <command> export --ckpt_path CKPT --output model.pt2    # torch.export
     <command> export --ckpt_path CKPT --output model.onnx   # ONNX
+    <command> export --ckpt_path CKPT --output model/       # a model folder
 
-The suffix of `--output` picks the format (`--format` overrides it):
+The suffix of `--output` picks the format (`--format` overrides it); a path
+ending in `/`, or an existing folder, is a folder:
+
+- `folder`: safetensors weights, a config.json that rebuilds the network and a
+  model card with the run's figures, in the Hugging Face Hub's layout
+  (kit/folder.py); `load_network(folder, PROJECT)` reads it back, no pickle.
 
 - `state_dict` (`.pt` or anything else): what `torch.load(..., weights_only=True)`
   reads: the network's own `state_dict` (no `_orig_mod.` of torch.compile, no
@@ -40,6 +46,7 @@ import importlib
 import inspect
 import io
 import logging
+import os
 import sys
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -51,6 +58,7 @@ import torch
 from lightning_utilities import apply_to_collection
 from torch import nn
 
+from . import folder
 from .checkpoints import (
     CheckpointError,
     CheckpointSaveError,
@@ -59,12 +67,13 @@ from .checkpoints import (
     state_dict_mismatch,
 )
 from .internals import uncompiled
+from .runs import run_of_checkpoint
 from .sharding import consolidated
 from .spec import BATCH_ONLY, Project, network_of
 
 COMPILED = "_orig_mod."  # what torch.compile's wrapper adds to every key
 CLI_INSTANTIATOR = "lightning.pytorch.cli.instantiate_module"
-FORMATS = ("state_dict", "pt2", "onnx")
+FORMATS = ("state_dict", "pt2", "onnx", "folder")
 SUFFIXES = {".pt2": "pt2", ".onnx": "onnx"}  # any other suffix: state_dict
 # How far an export's outputs may be from the checkpoint network's (torch.allclose).
 RTOL, ATOL = 1e-4, 1e-5
@@ -196,6 +205,8 @@ def format_of(output: str | Path, requested: str | None = None) -> str:
         if requested not in FORMATS:
             raise ExportError(f"unknown format {requested!r}: one of {', '.join(FORMATS)}")
         return requested
+    if str(output).endswith(("/", os.sep)) or Path(output).is_dir():
+        return "folder"
     return SUFFIXES.get(Path(output).suffix.lower(), "state_dict")
 
 
@@ -218,7 +229,7 @@ def export(
         attribute, network = network_of(module, project.network)
     except ValueError as error:
         raise ExportError(str(error)) from error
-    if chosen == "state_dict":
+    if chosen in ("state_dict", "folder"):
         exported = {
             "module": class_path(type(module)),
             "hyper_parameters": hparams,
@@ -228,9 +239,33 @@ def export(
         }
         # Prove it loads before writing it: strict, into a network rebuilt from the record.
         rebuild(exported, project).load_state_dict(exported["state_dict"], strict=True)
-        return atomic_save(exported, output)
-    batch = example_batch(project, checkpoint.get(DATAMODULE_HPARAMS))
+        if chosen == "state_dict":
+            return atomic_save(exported, output)
+    batch, sizes = example_data(project, checkpoint.get(DATAMODULE_HPARAMS))
     inputs = at_least_two(network_inputs(batch, project.network_inputs))
+    if chosen == "folder":
+        path = check_checkpoint(ckpt_path)
+        folder_record = {
+            "format": folder.LAYOUT,
+            **{key: value for key, value in exported.items() if key != "hyper_parameters"},
+            "hyper_parameters": folder.as_json(hparams, "hyper_parameters"),
+            "inputs": [{"shape": list(x.shape), "dtype": str(x.dtype)[6:]} for x in inputs],
+            "dynamic_dims": {str(dim): name for dim, name in project.dims.items()},
+        }
+        parameters = sum(p.numel() for p in network.parameters())
+        run = run_of_checkpoint(path)
+        config = run / "config.yaml" if run and (run / "config.yaml").is_file() else None
+        card = folder.model_card(
+            folder_record, checkpoint, path, project, sizes, parameters, config is not None
+        )
+
+        def same_outputs(written: Path) -> None:
+            with torch.no_grad():
+                got = tensors_of(load_network(written, project)(*inputs))
+                want = tensors_of(network.eval()(*inputs))
+            compare("the folder's network", got, want, rtol, atol)
+
+        return folder.write_folder(Path(output), folder_record, card, config, same_outputs)
     data = deployable(network.eval(), inputs, chosen, rtol=rtol, atol=atol, dims=project.dims)
     return atomic_save(data, output, save=write_bytes)
 
@@ -284,11 +319,14 @@ def at_least_two(inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
     return tuple(torch.cat([x] * 2) for x in inputs)
 
 
-def example_batch(project: Project, datamodule_hparams: dict[str, Any] | None = None) -> Any:
-    """The first batch of the project's DataModule, on the CPU.
+def example_data(
+    project: Project, datamodule_hparams: dict[str, Any] | None = None
+) -> tuple[Any, dict[str, int]]:
+    """The first batch of the project's DataModule, on the CPU, and the number of
+    samples of each split it defines (train, val, test).
 
-    Built with the hyperparameters the checkpoint recorded for it, if any; taken
-    from the first split it defines of predict, test, val and train.
+    Built with the hyperparameters the checkpoint recorded for it, if any; the batch
+    is taken from the first split it defines of predict, test, val and train.
     """
     from lightning.pytorch.utilities.model_helpers import is_overridden
 
@@ -296,11 +334,18 @@ def example_batch(project: Project, datamodule_hparams: dict[str, Any] | None = 
     hparams = dict(datamodule_hparams or {})
     try:
         datamodule = build_module(DataModule, hparams)
-        for split, stage in EXAMPLE_SPLITS:
+        datamodule.prepare_data()
+        loaders, sizes = {}, {}
+        for split, stage in reversed(EXAMPLE_SPLITS):
             if is_overridden(f"{split}_dataloader", datamodule):
-                datamodule.prepare_data()
                 datamodule.setup(stage)
-                return next(iter(getattr(datamodule, f"{split}_dataloader")()))
+                loaders[split] = getattr(datamodule, f"{split}_dataloader")()
+                dataset = getattr(loaders[split], "dataset", None)
+                if split != "predict" and hasattr(dataset, "__len__"):
+                    sizes[split] = len(dataset)
+        first = next((split for split, _ in EXAMPLE_SPLITS if split in loaders), None)
+        if first is not None:
+            return next(iter(loaders[first])), sizes
     except ExportError:
         raise
     except Exception as error:
@@ -541,10 +586,16 @@ def rebuild(exported: dict[str, Any], project: Project) -> nn.Module:
 
 
 def load_network(path: str | Path, project: Project) -> nn.Module:
-    """The network `export` wrote, rebuilt and loaded strictly, in eval mode."""
-    exported = torch.load(path, map_location="cpu", weights_only=True)
+    """The network `export` wrote (a state_dict file or a model folder), rebuilt and
+    loaded strictly, in eval mode."""
+    if Path(path).is_dir():
+        exported = folder.read_config(Path(path))
+        state_dict = folder.read_weights(Path(path))
+    else:
+        exported = torch.load(path, map_location="cpu", weights_only=True)
+        state_dict = exported["state_dict"]
     network = rebuild(exported, project)
-    network.load_state_dict(exported["state_dict"], strict=True)
+    network.load_state_dict(state_dict, strict=True)
     return network.eval()
 
 
@@ -552,14 +603,15 @@ def parser(command: str = "<command>") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=f"{command} export",
         description="Write the trained network of a checkpoint: a plain state_dict (.pt), a"
-        " torch.export program (.pt2) or an ONNX model (.onnx), checked before it is written.",
+        " torch.export program (.pt2), an ONNX model (.onnx) or a model folder (DIR/:"
+        " safetensors, config.json, a model card), checked before it is written.",
     )
     parser.add_argument("--ckpt_path", required=True, help="a Lightning checkpoint (.ckpt)")
     parser.add_argument("--output", default="model.pt", help="where to write (default: model.pt)")
     parser.add_argument(
         "--format",
         choices=FORMATS,
-        help="what to write (default: from the suffix of --output: .pt2, .onnx, else state_dict)",
+        help="what to write (default: from --output: .pt2, .onnx, a folder/, else state_dict)",
     )
     parser.add_argument("--rtol", type=float, default=RTOL, help=f"(default: {RTOL})")
     parser.add_argument("--atol", type=float, default=ATOL, help=f"(default: {ATOL})")
@@ -579,8 +631,10 @@ def main(argv: list[str] | None, project: Project) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     chosen = format_of(output, args.format)
-    if chosen == "state_dict":
+    if chosen in ("state_dict", "folder"):
         use = f"load it with {project.package}.kit.export.load_network({str(output)!r}, PROJECT)"
+        if chosen == "folder":
+            use += f"; `hf upload <user>/<name> {output}` shares it on the Hugging Face Hub"
     elif chosen == "pt2":
         use = f"torch.export.load({str(output)!r}).module() runs it, with torch alone"
     else:

@@ -24,6 +24,7 @@ DataLoader that keeps no position, CUDA's non-deterministic kernels), it says
 so in one line as it starts.
 """
 
+import platform
 import random
 from collections.abc import Mapping
 from typing import Any
@@ -145,6 +146,13 @@ def adjusted_counts(progress: dict[str, Any], was: int, now: int) -> bool:
     return whole
 
 
+def device_name(device: torch.device) -> str:
+    """What a run trained on, as a person names it: the GPU's model, else the CPU's kind."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{platform.machine() or 'unknown'} {device.type}".strip()
+
+
 class ResumeState(Callback):
     """Each rank's random states, the training loaders' positions and the global batch in
     the checkpoint, restored on resume; one line at the start of a resume for each reason
@@ -181,6 +189,7 @@ class ResumeState(Callback):
             "batch_size": batch_size(trainer),
             "accumulate": trainer.accumulate_grad_batches,
             "accelerator": trainer.strategy.root_device.type,
+            "device": device_name(trainer.strategy.root_device),  # for a model card
             "precision": str(trainer.precision),
             "random_states": every,
             "loaders": positions(trainer),

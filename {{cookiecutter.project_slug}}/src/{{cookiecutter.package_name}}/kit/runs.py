@@ -11,6 +11,7 @@ evaluation sits beside its training curves.
 """
 
 import csv
+import json
 import os
 import shutil
 import sys
@@ -25,6 +26,9 @@ from lightning.pytorch.loggers.logger import DummyLogger, rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_info
 
 from .internals import filesystem, open_experiment, set_experiment
+
+# What `test --ckpt_path` measured, in the run it tested, by checkpoint file.
+TEST_METRICS = "test_metrics.json"
 
 
 def _init_args(logger: Any) -> Any | None:
@@ -332,6 +336,31 @@ class FitResult(Callback):
             further += " --fsdp.enabled true"
         parts.append(f"continue: {self.command} fit --ckpt_path last{further}")
         return " | ".join(parts)
+
+
+class KeepTestMetrics(Callback):
+    """Keeps what `test --ckpt_path` measured beside the run it tested, in
+    `<run>/test_metrics.json` by checkpoint file, where an export's model card reads it."""
+
+    def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        run = run_directory(trainer)
+        if not trainer.is_global_zero or run is None or not trainer.ckpt_path:
+            return
+        metrics = {
+            name: float(value)
+            for name, value in trainer.callback_metrics.items()
+            if getattr(value, "numel", lambda: 1)() == 1
+        }
+        path = run / TEST_METRICS
+        try:
+            kept = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        except ValueError:
+            kept = {}
+        kept[Path(trainer.ckpt_path).name] = metrics
+        run.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.partial")
+        partial.write_text(json.dumps(kept, indent=2) + "\n", encoding="utf-8")
+        os.replace(partial, path)
 
 
 class FinishRun(Callback):
