@@ -103,6 +103,7 @@ TOOLS = {
     "collectives",
     "doctor",
     "export",
+    "folder",
     "memory",
     "repeat",
     "stopping",
@@ -110,7 +111,7 @@ TOOLS = {
     "trial",
 }
 # What only the tools need, never a fit.
-TOOL_LIBRARIES = {"optuna", "onnx", "onnxruntime", "onnxscript", "matplotlib"}
+TOOL_LIBRARIES = {"optuna", "onnx", "onnxruntime", "onnxscript", "matplotlib", "safetensors"}
 
 
 def core() -> set[str]:

@@ -6,14 +6,15 @@ rarely need to edit it.
 
 Two layers, imports running one way (tests/kit/test_imports.py holds them):
 
-    tools      doctor  memory  collectives  bench  export  sweep  trial  repeat  stopping
+    tools      doctor  memory  collectives  bench  export  folder  sweep  trial  repeat
+               stopping
                  |  each a command of its own, built on the core
                  v
     run core   cli (fit, validate, test, predict) and what it imports: spec,
                callbacks, console, watch, checkpoints, runs, resume, sharding, data,
                health, peaks, footprint, hardware, hints, predict, machine, internals
 
-The core never imports a tool, nor Optuna or ONNX: a fit loads none of them, and
+The core never imports a tool, nor Optuna, ONNX or safetensors: a fit loads none of them, and
 sharding and hints only for an FSDP run and a failure.
 
     spec         Project: everything the kit may ask of your code, each with its default;
@@ -38,6 +39,7 @@ sharding and hints only for an FSDP run and a failure.
     machine      the torch build and the GPUs, for the doctor and the report
     internals    every private name of Lightning, torch and Optuna the kit uses
     export       `export`: the trained network, loadable without the checkpoint
+    folder       `export --output DIR/`: safetensors, config.json and a model card
     sweep        `sweep`: an Optuna study over fit's flags, its storage and workers
     trial        one trial of a sweep: a fit with its flags, pruned on the metric
     repeat       `repeat`: one fit over several seeds or folds, its metric's mean and spread
