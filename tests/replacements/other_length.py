@@ -8,7 +8,7 @@ import onnxruntime
 import torch
 
 from my_lightning_project.__main__ import main, project
-from my_lightning_project.kit.export import example_batch, network_inputs, tensors_of
+from my_lightning_project.kit.export import example_data, network_inputs, tensors_of
 from my_lightning_project.kit.spec import network_of
 
 PROJECT = project()
@@ -22,7 +22,8 @@ checkpoint = {
 }
 torch.save(checkpoint, "fresh.ckpt")
 _, network = network_of(module, PROJECT.network)
-inputs = network_inputs(example_batch(PROJECT), PROJECT.network_inputs)
+batch, _ = example_data(PROJECT)
+inputs = network_inputs(batch, PROJECT.network_inputs)
 length = inputs[0].shape[1]
 other = tuple(torch.cat([x, x[:, :3]], dim=1)[:2] for x in inputs)  # 3 longer, batch of 2
 with torch.no_grad():
