@@ -102,7 +102,7 @@ def test_a_model_folder_loads_without_pickle_and_carries_its_card(
     assert command(["export", f"--ckpt_path={trained_checkpoint}", "--output=handover/"]) == 0
     assert "load_network('handover', PROJECT)" in capfd.readouterr().out
     folder = workdir / "handover"
-    assert sorted(p.name for p in workdir.iterdir()) == ["handover"]  # nothing half-written
+    assert not list(workdir.glob(".*"))  # nothing half-written beside it
     layout = ["README.md", "config.json", "model.safetensors", "training_config.yaml"]
     assert sorted(p.name for p in folder.iterdir()) == layout
     # The weights are safetensors (no pickle to run) and the checkpoint network's.
@@ -135,15 +135,14 @@ def test_a_model_folder_loads_without_pickle_and_carries_its_card(
     assert "## To be written by the model's authors" in body and "_Not written yet._" in body
     # Written again over it: replaced. Over a folder of other files: refused, untouched.
     assert command(["export", f"--ckpt_path={trained_checkpoint}", "--output=handover/"]) == 0
-    assert sorted(p.name for p in workdir.iterdir()) == ["handover"]
+    assert sorted(p.name for p in folder.iterdir()) == layout and not list(workdir.glob(".*"))
     mine = workdir / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("mine")
     assert command(["export", f"--ckpt_path={trained_checkpoint}", "--output=mine/"]) == 2
     err = capfd.readouterr().err
     assert "error: 'mine' exists and is not a model folder" in err and "Traceback" not in err
-    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
-    assert sorted(p.name for p in workdir.iterdir()) == ["handover", "mine"]
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"] and not list(workdir.glob(".*"))
 
 
 def test_a_model_folder_keeps_tied_weights_and_refuses_what_json_cannot_hold(tmp_path):

@@ -13,6 +13,7 @@ records them again, and the file is committed with it:
 
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -133,8 +134,19 @@ def as_text(record: dict) -> str:
     return head[:-2] + ',\n "tensors": {\n' + lines + "\n }\n}\n"
 
 
-def test_the_models_numbers_are_the_recorded_ones(workdir, request):
-    now = record_of(numerics())
+@pytest.fixture(scope="module")
+def now(tmp_path_factory) -> dict:
+    """This model's numbers, as the file holds them (the data, if the project writes
+    any, in a folder of its own)."""
+    here = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("numerics"))
+    try:
+        return json.loads(as_text(record_of(numerics())))
+    finally:
+        os.chdir(here)
+
+
+def test_the_models_numbers_are_the_recorded_ones(now, request):
     if request.config.getoption("record_numerics"):
         RECORD.write_text(as_text(now), encoding="utf-8")
         return
@@ -146,12 +158,11 @@ def test_the_models_numbers_are_the_recorded_ones(workdir, request):
     )
 
 
-def test_a_changed_forward_is_named(workdir):
+def test_a_changed_forward_is_named(now, workdir):
     def shifted(output):
         if not isinstance(output, torch.Tensor) or not output.is_floating_point():
             pytest.skip(f"the network returns {type(output).__name__}, not a float tensor")
         return output + 0.01 * (1 + output.detach().abs().max())
 
-    recorded = json.loads(as_text(record_of(numerics())))  # as the file holds it
-    moved = first_moved(recorded, record_of(numerics(shifted)))
+    moved = first_moved(now, record_of(numerics(shifted)))
     assert moved is not None and moved.startswith("network output 0: mean"), moved
