@@ -150,6 +150,7 @@ RENDERED_RULES = [
     ),
     (r"pytest tests/kit/test_numerics\.py --record-numerics", "run"),
     (r"ruff check \. && ruff format --check \.", "run"),
+    (r"mkdocs build --strict", "run"),
     (r"git init && pre-commit install", "run"),
     (r"cruft (check|update|link .*)", "covered tests/test_ecosystem.py (a cruft-made project)"),
 ]

@@ -4,6 +4,7 @@ import ast
 import os
 import py_compile
 import re
+import subprocess
 import sys
 import tomllib
 from itertools import product
@@ -108,6 +109,8 @@ def expected_files(package: str, answers: dict) -> set[str]:
         ".pre-commit-config.yaml",
         "AGENTS.md",
         "README.md",
+        "mkdocs.yml",
+        "docs/_home.py",
         "pyproject.toml",
         *(f"configs/{name}.yaml" for name in configs.split()),
         *(f"docs/{name}.md" for name in docs.split()),
@@ -307,6 +310,7 @@ def test_rendered_workflow_is_valid_yaml_with_the_checks(rendered):
     assert any("torch" in r and "TORCH_INDEX_URL" in r for r in runs)
     assert runs.index('python -m pip install -e ".[dev]"') > 0
     assert {"ruff check .", "ruff format --check .", "python -m pytest --all"} <= set(runs)
+    assert "mkdocs build --strict" in runs  # the docs site, links checked
     # GitHub's own expressions arrive as written, not as template syntax.
     assert "${{ matrix.python }}" in text and "${{ vars.TORCH_INDEX_URL }}" in text
 
@@ -396,6 +400,24 @@ def test_agents_md_names_real_files_and_the_kits_own(rendered):
     for own in ("model.py", "data.py", "project.py", "kit/spec.py"):
         assert f"src/{package}/{own}" in named
     assert {f"src/{package}/kit/", "tests/kit/", "configs/default.yaml"} <= named
+
+
+@pytest.mark.parametrize("answers", [{}, {"cluster": False, "ci": False, "example": "minimal"}])
+def test_the_docs_build_into_a_site_with_every_link_checked(tmp_path, answers):
+    """mkdocs.yml: the README as the home page, every docs/ page in the nav, a link to a
+    page or an anchor that is not there fails the build."""
+    project = render(tmp_path, **answers)
+    build = [sys.executable, "-m", "mkdocs", "build", "--strict"]
+    subprocess.run(build, cwd=project, check=True, capture_output=True, text=True)
+    site = project / "site"
+    pages = sorted(p.stem for p in (project / "docs").glob("*.md"))
+    assert sorted(p.parent.name for p in site.glob("*/index.html")) == pages
+    home = (site / "index.html").read_text(encoding="utf-8")
+    assert 'href="install/"' in home and "PROJECT = Project(" in home
+    with (project / "docs" / "train.md").open("a", encoding="utf-8") as page:
+        page.write("\nSee [the resume page](resume.md#no-such-section).\n")
+    broken = subprocess.run(build, cwd=project, capture_output=True, text=True)
+    assert broken.returncode != 0 and "no-such-section" in broken.stderr, broken.stderr
 
 
 def test_readme_mentions_only_the_chosen_example(rendered):
