@@ -8,4 +8,5 @@ cd "$(dirname "$0")/.."
 python -m ruff check .
 python -m ruff format --check .
 # pytest exits 5 when it collected nothing: set -e makes that a failure too.
-python -m pytest "$@"
+# The slowest tests are listed at the end: where the time budget goes.
+python -m pytest --durations=25 "$@"
