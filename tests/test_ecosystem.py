@@ -1,11 +1,15 @@
-"""The rendered project among the tools around it: cruft, pre-commit, each
-logger's own files, and the dependency bounds it declares."""
+"""The rendered project among the tools around it: cruft (an update from the last
+release included), pre-commit, each logger's own files, and the dependency bounds it
+declares."""
 
+import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import tomllib
 from importlib.metadata import version
 from pathlib import Path
@@ -32,15 +36,14 @@ def commit_all(repo: Path, message: str) -> None:
     git("commit", "-q", "-m", message, cwd=repo)
 
 
+NOT_THE_TEMPLATE = shutil.ignore_patterns(
+    ".git", ".venv", "build", "__pycache__", ".ruff_cache", ".pytest_cache"
+)
+
+
 def template_repository(path: Path) -> Path:
     """A copy of this template as its own git repository, as cruft clones one."""
-    shutil.copytree(
-        TEMPLATE,
-        path,
-        ignore=shutil.ignore_patterns(
-            ".git", ".venv", "build", "__pycache__", ".ruff_cache", ".pytest_cache"
-        ),
-    )
+    shutil.copytree(TEMPLATE, path, ignore=NOT_THE_TEMPLATE)
     git("init", "-q", "-b", "main", cwd=path)
     commit_all(path, "template")
     return path
@@ -142,3 +145,95 @@ def test_bounds_exclude_withdrawn_releases(tmp_path):
 def requirements_dev() -> list[str]:
     lines = (TEMPLATE / "requirements-dev.txt").read_text().splitlines()
     return [line.split("#")[0].strip() for line in lines]
+
+
+CHANGELOG = TEMPLATE / "CHANGELOG.md"
+# A release: "## 0.1.0 (2026-12-07, commit a4238f3)".
+RELEASE = re.compile(r"^## (\d+\.\d+\.\d+) \((\d{4}-\d\d-\d\d), commit ([0-9a-f]{7,40})\)$", re.M)
+KIT_INIT = TEMPLATE / "{{cookiecutter.project_slug}}" / "src" / "{{cookiecutter.package_name}}"
+
+
+def releases_here() -> None:
+    """Skip, saying why, where this checkout cannot hold the releases' commits."""
+    shallow = subprocess.run(
+        ["git", "rev-parse", "--is-shallow-repository"],
+        cwd=TEMPLATE,
+        capture_output=True,
+        text=True,
+    )
+    if shallow.returncode != 0:
+        pytest.skip("the template is not a git checkout here: it holds no release commits")
+    if shallow.stdout.strip() == "true":
+        pytest.skip("a shallow clone (git clone --depth) holds no earlier release: clone it whole")
+
+
+def test_the_changelog_names_the_kits_version_and_real_commits():
+    text = CHANGELOG.read_text()
+    top = re.search(r"^## (\S+)", text, re.M)[1]
+    kit = re.search(r'^KIT_VERSION = "(.+)"$', (KIT_INIT / "kit" / "__init__.py").read_text(), re.M)
+    assert kit and kit[1] == top  # the kit says which release it is
+    releases = RELEASE.findall(text)
+    assert releases, "CHANGELOG.md names no release"
+    releases_here()
+    for release, _, commit in releases:
+        exists = ["git", "cat-file", "-e", f"{commit}^{{commit}}"]
+        found = subprocess.run(exists, cwd=TEMPLATE)
+        assert found.returncode == 0, f"release {release}: no commit {commit} in this repository"
+
+
+@pytest.mark.slow
+def test_a_project_made_from_the_last_release_updates_to_this_checkout(tmp_path):
+    """The newest release's project, with a model, data and config of its user's own,
+    updated by cruft to this checkout: the kit and its tests become this checkout's, the
+    user's files stay theirs, nothing is left to merge by hand, and its tests pass."""
+    releases_here()
+    release, _, commit = RELEASE.findall(CHANGELOG.read_text())[0]
+    template = tmp_path / "template"
+    template.mkdir()
+    archive = subprocess.run(
+        ["git", "archive", "--format=tar", commit], cwd=TEMPLATE, capture_output=True, check=True
+    ).stdout
+    tarfile.open(fileobj=io.BytesIO(archive)).extractall(template, filter="data")
+    git("init", "-q", "-b", "main", cwd=template)
+    commit_all(template, f"release {release}")
+    (tmp_path / "out").mkdir()
+    cruft = [str(BIN / "cruft"), "create", str(template), "--no-input"]
+    run([*cruft, "--output-dir", str(tmp_path / "out")], cwd=tmp_path)
+    project = tmp_path / "out" / "my-lightning-project"
+    git("init", "-q", "-b", "main", cwd=project)
+    commit_all(project, "rendered")
+    # The user's own model, data and config; the example's tests gone.
+    package = project / "src" / "my_lightning_project"
+    for name in ("project.py", "model.py", "data.py"):
+        shutil.copy(TEMPLATE / "tests" / "replacements" / "tabular" / name, package / name)
+    (project / "tests" / "test_example.py").unlink()
+    (project / "configs" / "mine.yaml").write_text("trainer:\n  max_epochs: 3\n")
+    commit_all(project, "my model")
+    users = [
+        "configs/mine.yaml",
+        *(f"src/my_lightning_project/{n}" for n in ("project.py", "model.py", "data.py")),
+    ]
+    before = {name: (project / name).read_bytes() for name in users}
+
+    # The template moves on to this checkout.
+    git("rm", "-rq", ".", cwd=template)
+    shutil.copytree(TEMPLATE, template, ignore=NOT_THE_TEMPLATE, dirs_exist_ok=True)
+    commit_all(template, "this checkout")
+    run([str(BIN / "cruft"), "update", "--skip-apply-ask", "--allow-untracked-files"], cwd=project)
+
+    now = render(tmp_path / "now")
+    for folder in ("src/my_lightning_project/kit", "tests/kit", "tests/support"):
+        theirs = {p.name: p.read_bytes() for p in (now / folder).glob("*.py")}
+        ours = {p.name: p.read_bytes() for p in (project / folder).glob("*.py")}
+        assert ours == theirs, f"{folder}: not this checkout's"
+    assert {name: (project / name).read_bytes() for name in users} == before
+    assert not list(project.rglob("*.rej")), "left to merge by hand"
+    record = json.loads((project / ".cruft.json").read_text())
+    assert record["commit"] == git("rev-parse", "HEAD", cwd=template).stdout.strip()
+    # Its tests pass, its model's numbers recorded first (the CHANGELOG says to).
+    quick = ["tests/kit/test_numerics.py", "tests/kit/test_cli.py", "tests/kit/test_export.py"]
+    pytest_ = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0"]
+    result = run(
+        [*pytest_, "-m", "not slow", "--record-numerics", *quick], cwd=project, timeout=600
+    )
+    assert " passed" in result.stdout and " failed" not in result.stdout, result.stdout[-2000:]

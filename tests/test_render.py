@@ -346,7 +346,13 @@ def test_template_update_workflow_checks_updates_and_opens_pull_requests(rendere
     assert pull_request["uses"].startswith("peter-evans/create-pull-request@")
     assert pull_request["with"]["branch"] == "template-update"
     assert order.index("linked") < order.index("check") < order.index("cruft update")
-    assert order.index("cruft update") < order.index("Open a pull request")
+    assert (
+        order.index("cruft update") < order.index("conflicts") < order.index("Open a pull request")
+    )
+    # A change left in a .rej file: a draft pull request that says so and lists them.
+    assert "'*.rej'" in steps["conflicts"]["run"] and steps["conflicts"]["if"] == moved
+    assert pull_request["with"]["draft"] == "${{ steps.conflicts.outputs.files != '' }}"
+    assert "${{ steps.conflicts.outputs.files || 'nothing' }}" in pull_request["with"]["body"]
     assert "${{ secrets.TEMPLATE_UPDATE_TOKEN || github.token }}" in text
     python_step = next(step for step in job["steps"] if "setup-python" in step.get("uses", ""))
     assert python_step["with"]["python-version"] == chosen["python_version"]

@@ -50,3 +50,6 @@ sharding and hints only for an FSDP run and a failure.
     collectives  `doctor --distributed`: can local ranks form a group, and what in the
                  environment breaks one
 """
+
+# The template release this kit is the text of (the template's CHANGELOG.md).
+KIT_VERSION = "0.2.0"

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
+from . import KIT_VERSION
 from .machine import build_name, cuda_devices
 
 if TYPE_CHECKING:
@@ -264,7 +265,8 @@ def format_report(facts: dict[str, Any], findings: list[Finding]) -> str:
     else:
         lines.append("nvidia-smi: not on the PATH")
     versions = facts["packages"].items()
-    lines.append(" | ".join(f"{name} {version or 'not installed'}" for name, version in versions))
+    packages = " | ".join(f"{name} {version or 'not installed'}" for name, version in versions)
+    lines.append(f"{packages} | the kit {KIT_VERSION} (the template's release)")
     lines.append("")
     if findings:
         lines.append("Problems:")
