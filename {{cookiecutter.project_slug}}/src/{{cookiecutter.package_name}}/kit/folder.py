@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from .checkpoints import CheckpointError
+from .resume import saved_state
 from .runs import TEST_METRICS, run_of_checkpoint
 
 WEIGHTS, CONFIG, CARD, TRAINING_CONFIG = (
@@ -159,14 +160,6 @@ def best_of(checkpoint: Mapping[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def kit_state(checkpoint: Mapping[str, Any], part: str) -> dict[str, Any]:
-    """The state one of the kit's callbacks saved ("ResumeState", "TrainingHealth")."""
-    for state in (checkpoint.get("callbacks") or {}).values():
-        if isinstance(state, Mapping) and isinstance(state.get(part), Mapping):
-            return dict(state[part])
-    return {}
-
-
 def tested_metrics(ckpt_path: Path) -> dict[str, float] | None:
     """What `test --ckpt_path` measured on this checkpoint file, if it ran."""
     run = run_of_checkpoint(ckpt_path)
@@ -257,7 +250,8 @@ def model_card(
             f"| test | not run on this checkpoint (`{command} test --ckpt_path"
             f" {ckpt_path.name}` records it for the next export) |"
         )
-    resume, health = kit_state(checkpoint, "ResumeState"), kit_state(checkpoint, "TrainingHealth")
+    resume = saved_state(dict(checkpoint), "ResumeState") or {}
+    health = saved_state(dict(checkpoint), "TrainingHealth") or {}
     data = ", ".join(f"{n:,} {split}" for split, n in sizes.items()) or "sizes unknown"
     lines += ["", "## Training", "", "| | |", "| --- | --- |"]
     lines.append(f"| data | `{project.datamodule.__name__}`: {data} samples |")
