@@ -60,7 +60,8 @@ Rendered {SLUG}/ ({EXAMPLE} example). Next:
 
     cd {SLUG}
     pip install torch          # first, the build for your machine (docs/install.md)
-    pip install -e ".[dev]"
+    pip install --require-hashes -r requirements.lock
+    pip install --no-deps -e .
     {SLUG} fit
     pytest
 

@@ -108,6 +108,7 @@ def test_pre_commit_hooks_pass_on_the_rendered_project(tmp_path):
     }
     result = run([sys.executable, "-m", "pre_commit", "run", "--all-files"], cwd=project, env=env)
     assert "ruff check" in result.stdout and "ruff format" in result.stdout
+    assert "ty check" in result.stdout  # the types, as CI checks them
     assert "Failed" not in result.stdout
 
 

@@ -82,7 +82,16 @@ FIT = r"\S+ fit( --print_config| --data\.batch_size 256 --trainer\.max_epochs 5)
 RENDERED_RULES = [
     (r"python -m venv \.venv && source \.venv/bin/activate", "then " + SHARE_PACKAGES),
     (r"pip install torch", f"replace pip install {TORCH}"),  # the machine's build
-    (r'pip install -e "\.\[dev\]"', "run"),
+    # The lock: what differs from this environment is downloaded, every hash checked.
+    (
+        r"pip install --require-hashes -r requirements\.lock( && pip install --no-deps -e \.)?",
+        "run",
+    ),
+    (r"pip install --no-deps -e \.", "run"),
+    (
+        r"uv pip compile pyproject\.toml -o requirements\.lock",
+        "covered tests/test_uv.py (the same file again, from PyPI, under its cutoff)",
+    ),
     (r"\S+ --help", "run"),
     (FIT, "run"),
     # The optimizer flags are what it shows; the default fit above trains 20 epochs already.
@@ -151,6 +160,7 @@ RENDERED_RULES = [
     (r"pytest tests/kit/test_numerics\.py --record-numerics", "run"),
     (r"ruff check \. && ruff format --check \.", "run"),
     (r"mkdocs build --strict", "run"),
+    (r"ty check", "run"),
     (r"git init && pre-commit install", "run"),
     (r"cruft (check|update|link .*)", "covered tests/test_ecosystem.py (a cruft-made project)"),
 ]
@@ -166,6 +176,11 @@ TEMPLATE_RULES = [
         r"python scripts/wheelhouse\.py build/wheelhouse --python-version 3\.12 --torch 2\.11\.0",
         "covered tests/test_wheelhouse.py (built for this machine's Python, then installed with"
         " no index beside torch alone)",
+    ),
+    (
+        r"python scripts/lock\.py",
+        "covered tests/test_uv.py (its merge of the locks, and two renders' locks resolved"
+        " again from PyPI: the same file); it resolves 16 renders from PyPI, minutes",
     ),
     (r'pip install "cookiecutter>=2\.7"', "run"),
     (r"cookiecutter gh:<org>/cookiecutter-lightning", "skip a placeholder for the hosted copy"),

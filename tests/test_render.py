@@ -94,7 +94,8 @@ def expected_files(package: str, answers: dict) -> set[str]:
         "host_syncs instruments test_bad_input test_bench test_callbacks test_checkpoints"
         " test_fsdp test_memory"
         " test_cli test_compile test_data test_ddp test_doctor test_export test_faults"
-        " test_gpu test_hardware test_health test_hints test_imports test_internals test_model"
+        " test_gpu test_hardware test_health test_hints test_imports test_internals test_lock"
+        " test_model"
         " test_numerics test_peaks test_repeat test_resume test_runs test_sweep test_syncs"
         " test_watch"
     )
@@ -112,6 +113,7 @@ def expected_files(package: str, answers: dict) -> set[str]:
         "mkdocs.yml",
         "docs/_home.py",
         "pyproject.toml",
+        "requirements.lock",
         *(f"configs/{name}.yaml" for name in configs.split()),
         *(f"docs/{name}.md" for name in docs.split()),
         *(f"src/{package}/{name}.py" for name in users.split()),
@@ -181,10 +183,12 @@ def test_nothing_of_the_template_survives(rendered):
         assert match is None, f"{relative}: {text[max(0, match.start() - 60) : match.end() + 60]!r}"
 
 
-def test_ruff_check_and_format(rendered):
+def test_ruff_check_and_format_and_ty_check(rendered):
     _, project = rendered
     python("-m", "ruff", "check", "--no-cache", ".", cwd=project)
     python("-m", "ruff", "format", "--check", "--no-cache", ".", cwd=project)
+    # The types of the kit, the user's files and the tests, as the rendered CI checks them.
+    python("-m", "ty", "check", "--python", sys.executable, cwd=project)
 
 
 def test_pyproject_round_trips_every_answer(rendered):
@@ -308,7 +312,18 @@ def test_rendered_workflow_is_valid_yaml_with_the_checks(rendered):
     assert versions[0] == chosen["python_version"] and versions[-1] == "3.13"
     runs = [step.get("run", "") for step in job["steps"]]
     assert any("torch" in r and "TORCH_INDEX_URL" in r for r in runs)
-    assert runs.index('python -m pip install -e ".[dev]"') > 0
+    # torch, then the lock with every hash required, then the project alone.
+    torch_at = next(i for i, r in enumerate(runs) if "torch" in r and "TORCH_INDEX_URL" in r)
+    locked = runs.index("python -m pip install --require-hashes -r requirements.lock")
+    assert (
+        torch_at
+        < locked
+        < runs.index("python -m pip install --no-deps -e . && python -m pip check")
+    )
+    # Another job resolves the lock again and fails on any difference.
+    (check,) = [s["run"] for s in workflow["jobs"]["lock"]["steps"] if "run" in s]
+    assert check.startswith("uv pip compile pyproject.toml -o requirements.lock\n")
+    assert "git diff --exit-code requirements.lock" in check
     assert {"ruff check .", "ruff format --check .", "python -m pytest --all"} <= set(runs)
     assert "mkdocs build --strict" in runs  # the docs site, links checked
     # GitHub's own expressions arrive as written, not as template syntax.

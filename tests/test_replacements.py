@@ -88,6 +88,7 @@ def test_the_kit_tests_pass_for_another_problem(tmp_path, problem):
     project = port(tmp_path, problem)
     python("-m", "ruff", "check", "--no-cache", ".", cwd=project)
     python("-m", "ruff", "format", "--check", "--no-cache", ".", cwd=project)
+    python("-m", "ty", "check", "--python", sys.executable, cwd=project)  # as its CI would
     env = env_without_mlflow_uri()
     pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "-rs"]
     if problem in FREE_LENGTH:

@@ -66,7 +66,8 @@ class PointGAN(LightningModule):
 
     def training_step(self, batch, batch_idx: int) -> None:
         (real,) = batch
-        optimizer_g, optimizer_d = self.optimizers()
+        # Two optimizers: a list (Lightning's type says one or a list).
+        optimizer_g, optimizer_d = self.optimizers()  # ty: ignore[not-iterable]
         z = noise(real)
         ones = real.new_ones(len(real), 1)
         zeros = real.new_zeros(len(real), 1)

@@ -29,20 +29,22 @@ COMMANDS = {
 # before Lightning is). Not one argparse tree of subcommands: it builds every
 # subcommand's parser, importing every tool, to answer any one command.
 TOOLS = ("export", "sweep", "repeat", "bench")
+# `python -m` runs this module as __main__, with __package__ set.
+PACKAGE = __name__.rpartition(".")[0] or str(__package__)
 
 
 def project():
     """The project, as this package's command runs it."""
     from .project import PROJECT
 
-    return PROJECT.bound(__package__)
+    return PROJECT.bound(PACKAGE)
 
 
 def command() -> str:
     """The console command, without importing the project (or Lightning)."""
     from .kit.spec import command_of
 
-    return command_of(__package__)
+    return command_of(PACKAGE)
 
 
 def usage() -> str:
@@ -71,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         # The project (and with it Lightning) is imported only for `doctor --memory`.
         return doctor(words[1:], command=f"{command()} doctor", project=project)
     if first in TOOLS:
-        tool = importlib.import_module(f"{__package__}.kit.{first}")
+        tool = importlib.import_module(f"{PACKAGE}.kit.{first}")
         if any(word in ("-h", "--help") for word in words[1:]):
             tool.parser(command()).parse_known_args(words[1:])  # prints the help and exits
         return with_project(tool.main, words[1:])

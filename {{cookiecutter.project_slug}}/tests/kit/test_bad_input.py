@@ -18,7 +18,7 @@ def command(args: list[str]) -> int:
     try:
         return main(args)
     except SystemExit as exit_:
-        return exit_.code
+        return exit_.code if isinstance(exit_.code, int) else 1  # SystemExit("...") exits 1
 
 
 def write(path, text: str):

@@ -440,7 +440,7 @@ def save_checkpoint(module: nn.Module, path, **extra) -> None:
         "pytorch-lightning_version": lightning.__version__,
     }
     if getattr(module, "hparams", None):
-        checkpoint["hyper_parameters"] = dict(module.hparams)
+        checkpoint["hyper_parameters"] = dict(module.hparams.items())
     torch.save({**checkpoint, **extra}, path)
 
 

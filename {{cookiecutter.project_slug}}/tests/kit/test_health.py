@@ -369,7 +369,8 @@ def test_where_the_forward_has_collectives_only_the_data_wait_names_a_rank(caplo
         {"rank": 1, "step_ms": 8.9, "data_wait_ms": 51.4, "forward_ms": 3.8, "sync_ms": 55.2},
     ]
     for sharded in (False, True):  # FSDP: its forward all-gathers, whatever the data
-        assert slow_rank(ddp, sharded)["message"] == (
+        found = slow_rank(ddp, sharded)
+        assert found is not None and found["message"] == (
             "rank 1 holds up each step's gradient sync by 84% of a step: it waits 51 ms a step "
             "for data (the median rank 1 ms): its loader (more --data.num_workers, data on a "
             "local disk)"

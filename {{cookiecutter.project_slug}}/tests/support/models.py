@@ -16,7 +16,7 @@ class TwoNetworks(LightningModule):
         self.critic = nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 1))
 
     def training_step(self, batch, batch_idx):
-        generator, critic = self.optimizers()
+        generator, critic = self.optimizers()  # ty: ignore[not-iterable]
         fake = self.generator(batch[0])
         self.toggle_optimizer(generator)
         self.manual_backward(-self.critic(fake).mean())

@@ -37,7 +37,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 from weakref import proxy
 
 import torch
@@ -130,7 +130,7 @@ def atomic_save(obj: Any, path: str | Path, save: Callable[[Any, Any], Any] | No
     try:
         with os.fdopen(handle, "wb") as file:
             out = _Writes(file)
-            (save or torch.save)(obj, out)
+            (save or torch.save)(obj, cast(IO[bytes], out))  # it only writes
             file.flush()
             os.fsync(file.fileno())
         os.replace(temporary, path)

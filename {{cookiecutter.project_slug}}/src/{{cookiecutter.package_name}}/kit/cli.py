@@ -492,7 +492,7 @@ class ProjectCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         self.claim_run()
         use_tensor_cores()
-        config = self.config.get(self.subcommand, self.config)
+        config = self.config.get(self.subcommand or "", self.config)
         if "weights_only" in config and config.get("weights_only") is None:
             # Tensors and plain values only: a checkpoint cannot run code when loaded.
             config["weights_only"] = True

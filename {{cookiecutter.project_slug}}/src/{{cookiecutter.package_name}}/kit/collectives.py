@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 from .machine import free_port
 
@@ -253,7 +253,7 @@ def check(
 def launch(world: int, backend: str, timeout: float, ranks: Iterable[int]) -> dict[str, Any]:
     """Start `ranks` of a group of `world`; wait at most `timeout` seconds, then kill the rest."""
     import multiprocessing
-    from multiprocessing.connection import wait
+    from multiprocessing.connection import Connection, wait
 
     import torch
 
@@ -279,7 +279,7 @@ def launch(world: int, backend: str, timeout: float, ranks: Iterable[int]) -> di
         for reader in wait(list(readers), timeout=left):
             rank = readers[reader]
             try:
-                kind, value = reader.recv()
+                kind, value = cast(Connection, reader).recv()
             except EOFError:  # the rank ended before it finished
                 kind, value = "error", None
             seen[kind][rank] = time.monotonic() - start if kind == "joined" else value

@@ -20,10 +20,10 @@ import operator
 import os
 import random
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence, Sized
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -142,7 +142,7 @@ def seed_global_generators(key: int) -> None:
 
 
 @contextmanager
-def global_generators_kept(keep: bool) -> Iterator[None]:
+def global_generators_kept(keep: bool) -> Generator[None]:
     """With `keep`, the global generators' states are as they were after the block: the
     training process's own draws (dropout) do not depend on the data it read."""
     if not keep:
@@ -183,7 +183,7 @@ class SeededSamples(Dataset):
         self.dataset, self.collate_fn = dataset, collate_fn
 
     def __len__(self) -> int:
-        return len(self.dataset)  # type: ignore[arg-type]
+        return len(cast(Sized, self.dataset))
 
     def __getitem__(self, index: Any) -> Any:
         return self.dataset[index]
@@ -317,7 +317,7 @@ class GlobalOrder(DistributedSampler):
             )
 
     def __iter__(self) -> Iterator[int]:
-        n = len(self.dataset)  # type: ignore[arg-type]
+        n = len(cast(Sized, self.dataset))
         if self.shuffle:
             order = torch.randperm(n, generator=self.generator)
         else:
@@ -329,7 +329,7 @@ class GlobalOrder(DistributedSampler):
         return iter(batches[self.rank :: self.num_replicas].flatten().tolist())
 
     def __len__(self) -> int:
-        n = len(self.dataset)  # type: ignore[arg-type]
+        n = len(cast(Sized, self.dataset))
         used = n // self.step_samples * self.step_samples or n  # under a step: all of it
         return used // self.num_replicas
 
@@ -430,7 +430,7 @@ class ResumableLoader(DataLoader):
         # Distinct streams per (seed, epoch): SplitMix64's increment apart.
         stream = self.seed + self.epoch * 0x9E3779B97F4A7C15
         self._order.manual_seed(stream % 2**64)
-        self.generator.manual_seed((stream + 1) % 2**64)
+        cast(torch.Generator, self.generator).manual_seed((stream + 1) % 2**64)  # __init__ set it
         set_epoch = getattr(self.sampler, "set_epoch", None)
         if callable(set_epoch):  # before the order is drawn (Lightning sets it after)
             set_epoch(self.epoch)
@@ -475,7 +475,7 @@ class SlicedLoader(ResumableLoader):
     def __iter__(self):
         dataset = self.dataset
         skip = self._start_epoch()
-        batches = list(self.batch_sampler)[skip:]  # this epoch's, in order
+        batches = list(self.batch_sampler or ())[skip:]  # this epoch's, in order
         order = torch.tensor([i for batch in batches for i in batch], dtype=torch.long)
         device = dataset.tensors[0].device
         if device.type == "cuda":
@@ -543,13 +543,14 @@ def split_dataset(
     sizes: Sequence[int],
     seed: int,
     names: Sequence[str] = ("train", "val", "test"),
-) -> dict[str, Subset]:
+) -> dict[str, Dataset]:
     """A fixed-seed split of any dataset (torch's `random_split`), the same on every rank
     and every run, by name."""
-    if sum(sizes) != len(dataset):
-        raise ValueError(f"split sizes {list(sizes)} add up to {sum(sizes)}, not {len(dataset)}")
+    total = len(cast(Sized, dataset))
+    if sum(sizes) != total:
+        raise ValueError(f"split sizes {list(sizes)} add up to {sum(sizes)}, not {total}")
     parts = random_split(dataset, sizes, generator=torch.Generator().manual_seed(seed))
-    return dict(zip(names, parts, strict=True))
+    return {name: part for name, part in zip(names, parts, strict=True)}
 
 
 def check_folds(fold: int, folds: int) -> None:
@@ -617,7 +618,9 @@ class SplitDataModule(LightningDataModule):
     are left as `make_splits` returned them.)
     """
 
-    collate_fn: Callable[[list[Any]], Any] | None = None
+    # None, or a subclass's method `collate_fn(self, samples)` (no annotation here: a
+    # type checker would take the method for a write of another type).
+    collate_fn = None
 
     def __init__(
         self,
@@ -637,7 +640,9 @@ class SplitDataModule(LightningDataModule):
         check_folds(fold, folds)
         self.save_hyperparameters()
         # What was passed here: a subclass need not pass every one on in its own __init__.
-        self._given = dict(num_workers=num_workers, pin_memory=pin_memory, on_device=on_device)
+        self._given: dict[str, Any] = dict(
+            num_workers=num_workers, pin_memory=pin_memory, on_device=on_device
+        )
         self._given.update(predict_split=predict_split, split_seed=split_seed, fold=fold)
         self._given.update(folds=folds, seed_samples=seed_samples)
         self.batch_size = batch_size
@@ -705,6 +710,7 @@ class SplitDataModule(LightningDataModule):
                 f"{sorted(self.splits)}"
             )
         settings = self.loader_settings
+        assert settings is not None  # setup() resolved them
         dataset = self.splits[split]
         # A shuffled (training) order ends each epoch on a whole optimizer step.
         trainer = self.trainer

@@ -52,7 +52,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from itertools import pairwise
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from lightning_utilities import apply_to_collection
@@ -133,7 +133,7 @@ def build_module(cls: type, hyper_parameters: dict[str, Any]) -> nn.Module:
             from lightning.pytorch.cli import instantiate_module
 
             config = {"_class_path": recorded_class, **hparams} if recorded_class else hparams
-            return instantiate_module(cls, config)
+            return cast(nn.Module, instantiate_module(cls, config))
         accepted = inspect.signature(cls).parameters
         if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values()):
             return cls(**hparams)  # takes any argument: its **kwargs pass them on
@@ -557,6 +557,8 @@ def onnx_bytes(program: Any, n_inputs: int) -> bytes:
             )
     except Exception as error:
         raise ExportError(f"torch.onnx cannot convert the network: {reason(error)}") from error
+    if onnx_program is None:  # torch returns None only when given a file to write
+        raise ExportError("torch.onnx returned no program")
     model = onnx_program.model_proto
     onnx.checker.check_model(model)
     return model.SerializeToString()
@@ -641,7 +643,3 @@ def main(argv: list[str] | None, project: Project) -> int:
         use = f"onnxruntime.InferenceSession({str(output)!r}) runs it"
     print(f"Wrote {output} ({chosen}): {use}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

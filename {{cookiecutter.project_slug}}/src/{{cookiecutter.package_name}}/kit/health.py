@@ -34,7 +34,7 @@ from collections import deque
 from collections.abc import Callable
 from operator import itemgetter
 from time import perf_counter
-from typing import Any
+from typing import Any, cast
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
@@ -316,7 +316,7 @@ class TrainingHealth(Callback):
         peaks = None
         if device.type == "cuda":
             peak = torch.tensor(float(torch.cuda.max_memory_allocated(device)), device=device)
-            gathered = pl_module.all_gather(peak).reshape(-1)
+            gathered = cast(torch.Tensor, pl_module.all_gather(peak)).reshape(-1)
             peaks = [round(float(p) / MIB, 1) for p in gathered]
         flops_per_s = mfu = peak = None
         if self.flops_per_batch and self.compute:

@@ -32,7 +32,7 @@ figures.
 import copy
 import math
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -220,7 +220,7 @@ def _one_or_all(items: list[Any]) -> Any:
 @contextmanager
 def own_optimizers(
     model: nn.Module, backwards: list[Backward], toggle: bool = True
-) -> Iterator[None]:
+) -> Generator[None]:
     """What a manual training_step asks of its Trainer, answered by the module itself:
     `optimizers()` and `lr_schedulers()` from its own configure_optimizers,
     `manual_backward` a plain backward (noted in `backwards`), and the toggling of
@@ -250,7 +250,7 @@ def own_optimizers(
         frozen.clear()
 
     @contextmanager
-    def toggled(optimizer: Any) -> Iterator[None]:
+    def toggled(optimizer: Any) -> Generator[None]:
         toggled_on(optimizer)
         try:
             yield

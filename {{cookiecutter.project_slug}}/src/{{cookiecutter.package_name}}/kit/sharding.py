@@ -28,7 +28,7 @@ import fnmatch
 import shutil
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
@@ -210,6 +210,7 @@ class FSDP2Strategy(ModelParallelStrategy):
             self._data_parallel_size = self.num_nodes * self.num_processes
         super().setup_environment()
         module = self.lightning_module
+        assert module is not None  # connected before the strategy sets up
         own = getattr(type(module), "configure_model", None)
 
         def configure_model() -> None:
@@ -349,7 +350,7 @@ class FSDP2Strategy(ModelParallelStrategy):
                 atomic_save(checkpoint, folder / DCP_METADATA)
         except (OSError, CheckpointSaveError) as error:
             failure = str(error) if isinstance(error, CheckpointSaveError) else None
-            failure = failure or _save_failure(path, error)
+            failure = failure or _save_failure(path, cast(OSError, error))
         except BaseException as error:  # CheckpointException (a BaseException): every rank's
             cause = _os_error_in(error)
             if cause is None:

@@ -40,7 +40,7 @@ import traceback
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .stopping import STOP, Interrupted, SweepError, on_signal
 
@@ -559,7 +559,7 @@ class Sweep:
         study = optuna.create_study(
             storage=storage,
             study_name=self.name,
-            direction=self.direction,
+            direction="maximize" if self.direction == "maximize" else "minimize",
             sampler=self.sampler(),
             pruner=self.pruner(),
             load_if_exists=True,
@@ -630,7 +630,8 @@ class Sweep:
             return self.code
         except Interrupted as stop:
             # (one stopped before Optuna could tell the study is failed as dead on the next run)
-            stopped = None if self.current is None else study.get_trials()[self.current]
+            current = self.current
+            stopped = None if current is None or study is None else study.get_trials()[current]
             if stopped is not None and stopped.state.name == "FAIL":
                 self.retry(study, stopped)
             self.say(
@@ -789,10 +790,13 @@ class Sweep:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
         # A worker killed by a signal exits -N: as a shell says it, 128 + N.
-        codes = [128 - code if code < 0 else code for code in (p.exitcode for p in processes)]
+        exits = [p.exitcode or 0 for p in processes]  # every one has ended: none is None
+        codes = [128 - code if code < 0 else code for code in exits]
         stopped = [code for code in codes if code > 128]
-        if stopped or STOP.signum is not None:
-            return stopped[0] if stopped else 128 + STOP.signum
+        if stopped:
+            return stopped[0]
+        if STOP.signum is not None:
+            return 128 + STOP.signum
         return max(codes, key=abs)
 
     # The results ----------------------------------------------------------------
@@ -867,6 +871,7 @@ class Sweep:
 
             matplotlib.use("Agg")
             import matplotlib.pyplot as plt
+            from matplotlib.figure import Figure
             from optuna.visualization import matplotlib as plots
         except ImportError as error:
             self.say(f"no plots: {error} (pip install matplotlib)")
@@ -881,8 +886,9 @@ class Sweep:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")  # the matplotlib plots are "experimental"
                     axes = draw(study, target_name=self.monitor)
-                axes.figure.savefig(self.folder / filename, dpi=120, bbox_inches="tight")
-                plt.close(axes.figure)
+                figure = cast(Figure, axes.figure)  # each plot's own figure
+                figure.savefig(self.folder / filename, dpi=120, bbox_inches="tight")
+                plt.close(figure)
                 written.append(str(self.folder / filename))
             except Exception as error:  # e.g. importance needs two complete trials
                 self.say(f"no {filename}: {error}")

@@ -94,7 +94,10 @@ def fit_trial(
     """
     cli_class = partial(TrialCLI, trial=trial, folder=folder, resume=resume)
     monitor = project.monitor
-    callbacks = [PyTorchLightningPruningCallback(trial, monitor=monitor), TrialRecord(trial)]
+    callbacks: list[Callback] = [
+        PyTorchLightningPruningCallback(trial, monitor=monitor),
+        TrialRecord(trial),
+    ]
     try:
         cli = main(["fit", *args], project, callbacks=callbacks, cli_class=cli_class)
     except SIGTERMException as stop:

@@ -288,6 +288,13 @@ class RankWatch(Callback):
         # nothing: the store's connection and the trainer stay with the original.
         return {**self.__dict__, "_store": None, "_trainer": None, "_exiting": None}
 
+    @property
+    def trainer(self) -> Trainer:
+        """The trainer it watches (set by `arm`)."""
+        if self._trainer is None:
+            raise RuntimeError("the watch is not armed: arm(trainer) first")
+        return self._trainer
+
     def arm(self, trainer: Trainer) -> None:
         """Start watching `trainer`'s job (called once it is built; nothing for one process)."""
         if trainer.world_size < 2:
@@ -367,7 +374,7 @@ class RankWatch(Callback):
         """End the job with `text` (said by every rank, or by this one only), unless a rank
         ended it first: what ends the job; None without a store."""
         try:
-            mine = {"text": text, "everyone": everyone, "by": self._trainer.global_rank}
+            mine = {"text": text, "everyone": everyone, "by": self.trainer.global_rank}
             return json.loads(self._store.compare_set(self._key("end"), "", json.dumps(mine)))
         except Exception:  # no store (yet, or any more): the others find out otherwise
             return None
@@ -376,7 +383,7 @@ class RankWatch(Callback):
         """This rank has read how the job ends. Rank 0 holds the store, so it ends last:
         it waits (a few seconds at most) for every other rank to have read it; another
         rank, for rank 0 to have."""
-        store, rank, world = self._store, self._trainer.global_rank, self._trainer.world_size
+        store, rank, world = self._store, self.trainer.global_rank, self.trainer.world_size
         deadline = self.clock() + 3 * self.poll
         try:
             if ended is None:
@@ -415,7 +422,7 @@ class RankWatch(Callback):
             line, waiting = main_thread_at()
             beat += 1
             ended = self._beat(beat, line, waiting)
-            if ended is not None and ended["by"] != self._trainer.global_rank:
+            if ended is not None and ended["by"] != self.trainer.global_rank:
                 self._read_end(ended)
             if self._count != seen:
                 seen, since = self._count, self.clock()
@@ -427,7 +434,7 @@ class RankWatch(Callback):
         """Write where this rank is; read whether the job ends (None: it goes on)."""
         if self._store is None:
             return None
-        trainer = self._trainer
+        trainer = self.trainer
         where = f"{self._where[0]} {self._where[1]} of epoch {trainer.current_epoch}"
         at = {"beat": beat, "count": self._count, "where": where, "line": line, "waiting": waiting}
         try:
@@ -440,7 +447,7 @@ class RankWatch(Callback):
 
     def _others(self) -> dict[int, dict[str, Any]]:
         """Every rank's last beat, and those whose beat no longer advances left out."""
-        world = self._trainer.world_size
+        world = self.trainer.world_size
         keys = [self._key(f"at/{rank}") for rank in range(world)]
 
         def read() -> dict[int, dict[str, Any]]:
@@ -453,7 +460,7 @@ class RankWatch(Callback):
         before = read()
         sleep(2 * self.poll)
         after = read()
-        mine = self._trainer.global_rank  # (its beat waits for this look)
+        mine = self.trainer.global_rank  # (its beat waits for this look)
         return {
             rank: at
             for rank, at in after.items()
@@ -461,7 +468,7 @@ class RankWatch(Callback):
         }
 
     def _stalled(self, idle: float, waiting: bool) -> None:
-        trainer = self._trainer
+        trainer = self.trainer
         world = trainer.world_size
         if self._store is None:
             if waiting:  # at the rendezvous (not busy building a model, say)
@@ -492,7 +499,7 @@ class RankWatch(Callback):
             self._exit(None)
 
     def _say(self, line: str) -> None:
-        trainer = self._trainer
+        trainer = self.trainer
         print(f"[rank {trainer.global_rank}/{trainer.world_size}] {line}", file=sys.stderr)
 
     def _exit(self, line: str | None) -> None:
