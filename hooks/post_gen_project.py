@@ -1,16 +1,21 @@
-"""Remove the files of options that were not chosen, then say what to do next.
+"""Remove the files of options that were not chosen, keep the lock of the chosen
+ones, then say what to do next.
 
 Offline and idempotent: it only deletes paths that an option turned off (and
-says nothing if they are already gone), so cruft can run it again, in a
-temporary copy or in place, without effect.
+says nothing if they are already gone), and a lock already chosen has nothing
+left to choose, so cruft can run it again, in a temporary copy or in place,
+without effect.
 """
 
+import ast
+import re
 import shutil
 import sys
 from pathlib import Path
 
 SLUG = {{ cookiecutter.project_slug | py_string }}
 EXAMPLE = {{ cookiecutter.example | py_string }}
+LOGGER = {{ cookiecutter.logger | py_string }}
 OPTIONS = {
     "cluster": {{ cookiecutter.cluster | string | py_string }} == "True",
     "ci": {{ cookiecutter.ci | string | py_string }} == "True",
@@ -54,6 +59,21 @@ def prune(root: Path, options: dict[str, bool]) -> list[str]:
     return removed
 
 
+{% raw %}
+def choose_lock(path: Path, key: str, slug: str) -> None:
+    """requirements.lock as this render's own: scripts/lock.py keeps the locks of every
+    combination of options in one file, a package's lines that some lack behind
+    `{% if lock in [...] %}` (copied unrendered: as a template, its size would slow
+    every render)."""
+    text = re.sub(r"\{%-? set lock = .*?%\}", "", path.read_text(), count=1)
+
+    def chosen(block: re.Match) -> str:
+        return block.group(2) if key in ast.literal_eval(block.group(1)) else ""
+
+    text = re.sub(r"\{% if lock in (\[.*?\]) %\}(.*?)\{% endif %\}", chosen, text, flags=re.S)
+    path.write_text(text.replace("{{ cookiecutter.project_slug }}", slug))
+{% endraw %}
+
 def next_steps() -> str:
     return f"""
 Rendered {SLUG}/ ({EXAMPLE} example). Next:
@@ -74,4 +94,6 @@ or with uv, the torch build named as an extra (cpu, cu126 or cu130):
 
 if __name__ == "__main__":
     prune(Path.cwd(), OPTIONS)
+    lock = f"{EXAMPLE}-{LOGGER}" + ("-cluster" if OPTIONS["cluster"] else "")
+    choose_lock(Path.cwd() / "requirements.lock", lock, SLUG)
     print(next_steps(), file=sys.stderr)

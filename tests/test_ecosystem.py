@@ -82,16 +82,22 @@ def test_cruft_creates_the_same_project_and_updates_it_keeping_user_edits(tmp_pa
     model.write_text(model.read_text() + "\n# the user's own note\n")
     commit_all(project, "my change")
 
-    # The template moves on.
+    # The template moves on, its example model too (which the user's project skips).
     default = template / "{{cookiecutter.project_slug}}" / "configs" / "default.yaml"
     default.write_text(default.read_text() + "# a line the template added later\n")
+    example = template / "{{cookiecutter.project_slug}}" / "src" / "{{cookiecutter.package_name}}"
+    (example / "model.py").write_text(
+        "# the example, rewritten\n" + (example / "model.py").read_text()
+    )
     commit_all(template, "template change")
+    mine = model.read_bytes()
 
     check = subprocess.run([str(BIN / "cruft"), "check"], cwd=project, capture_output=True)
     assert check.returncode != 0  # cruft sees the template moved
     run([str(BIN / "cruft"), "update", "--skip-apply-ask", "--allow-untracked-files"], cwd=project)
     assert "# a line the template added later" in (project / "configs" / "default.yaml").read_text()
-    assert "# the user's own note" in model.read_text()
+    assert model.read_bytes() == mine  # [tool.cruft] skip: the user's file, as it was
+    assert not list(project.rglob("*.rej"))
     assert not (project / "scripts").exists()  # the prune ran again, harmlessly
     record = json.loads((project / ".cruft.json").read_text())
     assert record["commit"] == git("rev-parse", "HEAD", cwd=template).stdout.strip()

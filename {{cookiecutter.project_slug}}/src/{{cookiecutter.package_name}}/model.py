@@ -21,9 +21,6 @@ PIXEL_STD = 6.017
 class DigitsCNN(nn.Module):
     """A small CNN for 1x8x8 images: two conv blocks and a linear head."""
 
-    mean: torch.Tensor  # buffers (below): tensors, not modules
-    std: torch.Tensor
-
     def __init__(self, channels: int = 32, num_classes: int = 10, dropout: float = 0.1):
         super().__init__()
         # Buffers move with .to(device) and are saved in the state_dict.
