@@ -8,10 +8,11 @@ Every render's own `uv pip compile pyproject.toml -o requirements.lock` writes
 its lock; the settings it reads ([tool.uv] exclude-newer, [tool.uv.pip]) are in
 the template's pyproject.toml. The options that change a project's dependencies
 (the example, the logger, the cluster files) are rendered in every combination,
-each is resolved, and the locks are merged into one template file: a package's
-lines that some renders lack are wrapped in a condition on those options. The
-cutoff is written into pyproject.toml first, so each render resolves with it
-and a project re-resolves to the same lock.
+each is resolved, and the locks are merged into one file in Jinja's syntax: a
+package's lines that some renders lack are wrapped in a condition on those
+options, which the post-render hook evaluates (the file is copied unrendered).
+The cutoff is written into pyproject.toml first, so each render resolves with
+it and a project re-resolves to the same lock.
 """
 
 import argparse
