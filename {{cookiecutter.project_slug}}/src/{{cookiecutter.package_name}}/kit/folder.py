@@ -250,8 +250,8 @@ def model_card(
             f"| test | not run on this checkpoint (`{command} test --ckpt_path"
             f" {ckpt_path.name}` records it for the next export) |"
         )
-    resume = saved_state(dict(checkpoint), "ResumeState") or {}
-    health = saved_state(dict(checkpoint), "TrainingHealth") or {}
+    resume = saved_state(checkpoint, "ResumeState") or {}
+    health = saved_state(checkpoint, "TrainingHealth") or {}
     data = ", ".join(f"{n:,} {split}" for split, n in sizes.items()) or "sizes unknown"
     lines += ["", "## Training", "", "| | |", "| --- | --- |"]
     lines.append(f"| data | `{project.datamodule.__name__}`: {data} samples |")

@@ -321,7 +321,7 @@ def processes(count: int) -> str:
     return f"{count} process" if count == 1 else f"{count} processes"
 
 
-def saved_state(checkpoint: dict[str, Any], key: str) -> dict[str, Any] | None:
+def saved_state(checkpoint: Mapping[str, Any], key: str) -> dict[str, Any] | None:
     """A callback's state in a checkpoint: under its own key, or a part's of the kit's
     one callback (`KitCallbacks`)."""
     for name, state in (checkpoint.get("callbacks") or {}).items():
