@@ -7,14 +7,15 @@ variables, which DDP's and torchrun's worker processes inherit. A step here is a
 training batch (`total_batch_idx`, counted across epochs): a model that steps several
 optimizers by hand takes more optimizer steps (`global_step`) than batches.
 
-- INSTRUMENTS_RECORD=<prefix>: when training starts (after any resume) and at
-  each epoch's start, append one JSON line to `<prefix>-rank<R>.jsonl`: the
-  event, torchrun's attempt, rank, world size, epoch, global step, the
-  sample indices this rank's sampler yields this epoch, fingerprints of the
-  parameters and of the optimizer state, and the schedulers' states;
+- INSTRUMENTS_RECORD=<prefix>: when training starts (after any resume), at
+  each epoch's start and when training ends, append one JSON line to
+  `<prefix>-rank<R>.jsonl`: the event, torchrun's attempt, rank, world size,
+  epoch, global step, the sample indices this rank's sampler yields this epoch
+  (none for a stream), fingerprints of the parameters and of the optimizer
+  state, and the schedulers' states;
 - INSTRUMENTS_SAMPLES=<prefix>: at each training batch, append one JSON line to
   `<prefix>-rank<R>.jsonl` (event "batch"): the rank, the optimizer step it goes
-  into (`global_step`) and a fingerprint of each sample of the batch (its first
+  into (`global_step`), the epoch and a fingerprint of each sample of the batch (its first
   tensor's row, hashed): which samples each step trained, on every rank;
 - INSTRUMENTS_NO_DROPOUT=1: dropout layers off (p = 0) from the fit's start, for a
   model whose runs on other numbers of processes can then match;
@@ -34,7 +35,8 @@ optimizers by hand takes more optimizer steps (`global_step`) than batches.
   (the loss of every rank then is too);
 - INSTRUMENTS_KILL_STEP=<s>: the process SIGKILLs itself when step s starts (with
   INSTRUMENTS_KILL_GROUP=1, rank 0 SIGKILLs its whole process group: every rank;
-  INSTRUMENTS_KILL_SIGNAL=SIGTERM: SIGTERM instead; with INSTRUMENTS_KILL_STAGGER=1,
+  INSTRUMENTS_KILL_SIGNAL=SIGTERM: SIGTERM instead; with INSTRUMENTS_KILL_SETTLED=1,
+  once the checkpoint being written is on disk; with INSTRUMENTS_KILL_STAGGER=1,
   each rank r sends the signal to itself alone, when step s - r starts: a signal
   that reaches the ranks at different points of a step; with INSTRUMENTS_KILL_RANK=<r>,
   rank r alone; with INSTRUMENTS_KILL_ATTEMPT=<k>, only in torchrun's k-th start of the
@@ -56,6 +58,7 @@ from pathlib import Path
 
 import torch
 from lightning.pytorch import Callback
+from torch.utils.data import IterableDataset
 
 from {{ cookiecutter.package_name }}.kit.checkpoints import background_writer
 
@@ -109,7 +112,8 @@ class Instruments(Callback):
         prefix = os.environ.get("INSTRUMENTS_RECORD")
         if not prefix:
             return
-        sampler = getattr(trainer.train_dataloader, "sampler", None)
+        loader = trainer.train_dataloader
+        sampler = getattr(loader, "sampler", None)
         record = {
             "event": event,
             "attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),  # torchrun's
@@ -120,7 +124,7 @@ class Instruments(Callback):
             "batches": trainer.fit_loop.epoch_loop.batch_progress.total.processed,
             "sampler": type(sampler).__name__,
             "step_samples": getattr(sampler, "step_samples", None),
-            "indices": [int(i) for i in sampler] if sampler is not None else None,
+            "indices": indices_of(loader),
             "parameters": parameter_fingerprint(pl_module.state_dict()),
             "optimizers": [optimizer_fingerprint(o.state_dict()) for o in trainer.optimizers],
             "schedulers": [c.scheduler.state_dict() for c in trainer.lr_scheduler_configs],
@@ -131,6 +135,9 @@ class Instruments(Callback):
     def on_train_start(self, trainer, pl_module) -> None:
         # After a resume: what was restored, before any step of this run.
         self._record(trainer, pl_module, "train_start")
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._record(trainer, pl_module, "train_end")
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self._record(trainer, pl_module, "epoch_start")
@@ -168,6 +175,8 @@ class Instruments(Callback):
         if attempt and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != attempt:
             kill = None
         if kill and step == int(kill) - staggered * trainer.global_rank:
+            if os.environ.get("INSTRUMENTS_KILL_SETTLED"):
+                on_disk(trainer)  # the checkpoint being written, written
             sent = getattr(signal, os.environ.get("INSTRUMENTS_KILL_SIGNAL", "SIGKILL"))
             group = os.environ.get("INSTRUMENTS_KILL_GROUP") and not staggered
             if group and trainer.global_rank == 0:
@@ -188,6 +197,16 @@ class Instruments(Callback):
                 next(pl_module.parameters()).fill_(float("nan"))
 
 
+def indices_of(loader) -> list[int] | None:
+    """The sample indices this rank's training loader yields this epoch, whether its sampler
+    gives them one by one or a batch at a time; None for a stream (an IterableDataset),
+    which has none."""
+    if loader is None or isinstance(getattr(loader, "dataset", None), IterableDataset):
+        return None
+    items = list(loader.sampler)
+    return [int(i) for item in items for i in (item if isinstance(item, list | tuple) else [item])]
+
+
 def first_tensor(batch):
     """The first tensor of a batch (a tensor, or a tuple, list or dict holding some)."""
     if torch.is_tensor(batch):
@@ -203,6 +222,7 @@ def record_samples(path: str, trainer, batch) -> None:
         hashlib.md5(row.numpy().tobytes()).hexdigest()[:16] for row in rows.reshape(len(rows), -1)
     ]
     record = {"event": "batch", "rank": trainer.global_rank, "step": trainer.global_step}
+    record["epoch"] = trainer.current_epoch
     with open(path, "a") as file:
         file.write(json.dumps({**record, "samples": prints}) + "\n")
 

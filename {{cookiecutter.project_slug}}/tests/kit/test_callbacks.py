@@ -6,6 +6,7 @@ Kit test: the fit runs whatever model and data `project.py` names.
 """
 
 import logging
+from collections import Counter
 from datetime import timedelta
 from types import SimpleNamespace
 
@@ -14,7 +15,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.profilers import SimpleProfiler
-from support import FakeClock, main, optimizes_by_hand
+from support import PROJECT, FakeClock, configured, main, optimizes_by_hand
 from torch.utils.data import DataLoader, TensorDataset
 
 from {{ cookiecutter.package_name }}.kit.callbacks import (
@@ -97,17 +98,22 @@ def test_report_on_this_machine_at_fit_start(workdir, caplog):
         assert facts["precision"] == "32-true"
     # Read from the training DataLoader itself, whatever the DataModule.
     loader = cli.trainer.train_dataloader
-    batch_size = loader.batch_size
-    effective = accumulate * batch_size
-    assert (facts["batch_size"], facts["effective_batch_size"]) == (batch_size, effective)
     settings = (loader.num_workers, loader.pin_memory, loader.persistent_workers)
     assert (facts["num_workers"], facts["pin_memory"], facts["persistent_workers"]) == settings
     printed = caplog.text
     assert "Environment" in printed
-    assert (
-        f"batch: {batch_size} per device x {accumulate} accumulated x 1 ranks = {effective}"
-        " effective" in printed
-    )
+    batch_size = loader.batch_size
+    if batch_size is None:  # a batch sampler of the project's sizes each batch
+        sampler = type(getattr(loader.batch_sampler, "batches", loader.batch_sampler)).__name__
+        assert (facts["batch_size"], facts["batch_sampler"]) == (None, sampler)
+        assert f"batch: as {sampler} makes each, per device x {accumulate} accumulated" in printed
+    else:
+        effective = accumulate * batch_size
+        assert (facts["batch_size"], facts["effective_batch_size"]) == (batch_size, effective)
+        assert (
+            f"batch: {batch_size} per device x {accumulate} accumulated x 1 ranks = {effective}"
+            " effective" in printed
+        )
     assert f"loader: num_workers {settings[0]} | pin_memory {settings[1]}" in printed
 
 
@@ -235,11 +241,23 @@ def test_the_kits_callbacks_cost_a_hook_only_where_a_part_defines_it():
     assert find_callback(SimpleNamespace(callbacks=[kit]), AlsoStarts) is second
 
 
+def listed(value) -> list:
+    """One callback or several, as a list."""
+    return [] if value is None else list(value) if isinstance(value, list | tuple) else [value]
+
+
 def test_the_cli_trainer_calls_three_callbacks_a_step_and_profiles_nothing(workdir):
     """Lightning calls every hook of every callback, about six a step: the kit's own are one."""
     cli = main(["fit", "--trainer.logger=false", "--trainer.fast_dev_run=true"])
     names = [type(callback).__name__ for callback in cli.trainer.callbacks]
-    assert names == ["KitCallbacks", "TQDMBar", "BestAndLast"]
+    kits = ("KitCallbacks", "TQDMBar", "BestAndLast")
+    assert [name for name in names if name in kits] == list(kits)
+    # Any other is the project's own: from its configs, or its module's configure_callbacks.
+    theirs = [*configured().trainer.callbacks, *listed(cli.model.configure_callbacks())]
+    kit = f"{PROJECT.package}.kit."
+    assert Counter(n for n in names if n not in kits) == Counter(
+        type(c).__name__ for c in theirs if not type(c).__module__.startswith(kit)
+    )
     for kind in (EnvironmentReport, FailureContext, TrainLoss, TrainingHealth, Summary):
         assert find_callback(cli.trainer, kind) is not None, kind
     assert type(cli.trainer.profiler) is NoProfiler

@@ -17,6 +17,7 @@ from dataclasses import replace
 import pytest
 import torch
 import yaml
+from lightning.pytorch.callbacks import StochasticWeightAveraging, WeightAveraging
 from lightning.pytorch.profilers import SimpleProfiler
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from support import (
@@ -43,6 +44,8 @@ from {{ cookiecutter.package_name }}.project import TARGET
 
 MODE = PROJECT.mode
 MONITOR = PROJECT.monitor
+# Callbacks that keep a whole copy of the model: FSDP refuses them, in one line.
+WHOLE_COPIES = (WeightAveraging, StochasticWeightAveraging)
 
 
 def printed_config(capsys, *args: str) -> dict:
@@ -175,6 +178,13 @@ def test_fast_dev_run_with_each_config(path, workdir, capsys):
         assert command(["fit", "--config", str(path), "--trainer.fast_dev_run", "true"]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "accumulate in training_step" in err
+        return
+    copies = [c for c in configured().trainer.callbacks if isinstance(c, WHOLE_COPIES)]
+    if copies and (yaml.safe_load(path.read_text()) or {}).get("fsdp"):
+        # The project's weight averaging keeps a whole copy, which FSDP cannot make.
+        assert command(["fit", "--config", str(path), "--trainer.fast_dev_run", "true"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{type(copies[0]).__name__} keeps a whole copy" in err
         return
     cli = main(["fit", "--config", str(path), "--trainer.fast_dev_run", "true"])
     trainer = cli.trainer

@@ -72,25 +72,16 @@ def test_ddp_config_with_two_processes_writes_once_and_syncs_metrics(
     # The two traps of DDP by hand: each rank must get its own part of the data
     # (a DistributedSampler), and a new order every epoch (its set_epoch).
     records = read_records(ran / "seen")
-    seen = {(r["rank"], r["epoch"]): r["indices"] for r in records}
-    assert sorted(seen) == [(0, 0), (0, 1), (1, 0), (1, 1)]
-    (kind,) = {r["sampler"] for r in records}
-    assert kind in ("GlobalOrder", "DistributedSampler")  # the kit's, or Lightning's
+    assert sorted((r["rank"], r["epoch"]) for r in records) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert {r["world_size"] for r in records} == {2}
-    train_size = loader_length(configured(), "train")
-    for epoch in (0, 1):
-        rank0, rank1 = seen[0, epoch], seen[1, epoch]
-        together = set(rank0) | set(rank1)
-        if kind == "GlobalOrder":  # whole steps of one order; what fills no step waits
-            (step,) = {r["step_samples"] for r in records}
-            assert not set(rank0) & set(rank1) and len(rank0) == len(rank1)
-            assert together <= set(range(train_size)) and train_size - len(together) < step
-            continue
-        assert together == set(range(train_size))
-        # An odd count is padded by repeating one sample: at most world_size - 1 extra.
-        padding = len(rank0) + len(rank1) - train_size
-        assert 0 <= padding < 2 and len(set(rank0) & set(rank1)) <= padding
-    assert seen[0, 0] != seen[0, 1] and set(seen[0, 0]) != set(seen[0, 1])
+    (kind,) = {r["sampler"] for r in records}
+    if records[0]["indices"] is None:  # a stream: the samples each rank trained
+        each_ranks_share_of_a_stream(ran / "samples")
+    else:
+        each_ranks_share(records, kind, loader_length(configured(), "train"))
+    # The ranks' weights stay one model, whatever changed which train (a fine-tune).
+    ends = read_records(ran / "seen", "train_end")
+    assert len(ends) == 2 and ends[0]["parameters"] == ends[1]["parameters"]
 
     # The config runs on CPUs as it is: SyncBatchNorm is switched off there, once, saying so.
     if not torch.cuda.is_available():
@@ -115,4 +106,43 @@ def test_ddp_config_with_two_processes_writes_once_and_syncs_metrics(
     best = shutil.copy(runs[0] / "checkpoints" / checkpoints[0], workdir)
     synced = best_score(load_checkpoint(best))
     single = main(["validate", "--ckpt_path", str(best)]).trainer.callback_metrics
-    assert float(single[MONITOR]) == pytest.approx(synced, rel=1e-5)
+    # Lightning's DistributedSampler repeats a sample where the validation set does not
+    # split evenly: the synced metric then weighs it twice, at most one sample's share.
+    padded = loader_length(configured(), "val") % 2
+    share = padded / loader_length(configured(), "val") * max(1.0, abs(synced))
+    assert float(single[MONITOR]) == pytest.approx(synced, rel=1e-5, abs=share * 1.01)
+
+
+def each_ranks_share(records: list[dict], kind: str, train_size: int) -> None:
+    """Each rank's indices of each epoch: its own, new every epoch, and together the
+    epoch (but what its sampler leaves out to give every rank as many batches)."""
+    seen = {(r["rank"], r["epoch"]): r["indices"] for r in records}
+    for epoch in (0, 1):
+        rank0, rank1 = seen[0, epoch], seen[1, epoch]
+        together = set(rank0) | set(rank1)
+        assert together <= set(range(train_size))
+        if kind == "GlobalOrder":  # whole steps of one order; what fills no step waits
+            (step,) = {r["step_samples"] for r in records}
+            assert not set(rank0) & set(rank1) and len(rank0) == len(rank1)
+            assert train_size - len(together) < step
+        elif kind == "RankBatches":  # a batch sampler's batches, dealt out: none twice
+            assert not set(rank0) & set(rank1) and len(together) > train_size // 2
+        else:  # Lightning's DistributedSampler: an odd count padded by repeating one sample
+            assert together == set(range(train_size))
+            padding = len(rank0) + len(rank1) - train_size
+            assert 0 <= padding < 2 and len(set(rank0) & set(rank1)) <= padding
+    assert seen[0, 0] != seen[0, 1] and set(seen[0, 0]) != set(seen[0, 1])
+
+
+def each_ranks_share_of_a_stream(prefix: Path) -> None:
+    """A stream's samples, by rank and epoch: no sample on both ranks in one epoch, as many
+    batches on each, and another order the next epoch."""
+    by = {}
+    for record in read_records(prefix, "batch"):
+        by.setdefault((record["rank"], record["epoch"]), []).append(record["samples"])
+    assert sorted(by) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    for epoch in (0, 1):
+        rank0, rank1 = (by[rank, epoch] for rank in (0, 1))
+        assert len(rank0) == len(rank1)
+        assert not {s for b in rank0 for s in b} & {s for b in rank1 for s in b}
+    assert by[0, 0] != by[0, 1]

@@ -37,7 +37,7 @@ from {{ cookiecutter.package_name }}.__main__ import main as command
 from {{ cookiecutter.package_name }}.kit import export as export_module
 from {{ cookiecutter.package_name }}.kit.checkpoints import CheckpointError
 from {{ cookiecutter.package_name }}.kit.cli import main as kit_main
-from {{ cookiecutter.package_name }}.kit.data import global_generators_kept, seed_global_generators
+from {{ cookiecutter.package_name }}.kit.draws import global_generators_kept, seed_global_generators
 from {{ cookiecutter.package_name }}.kit.export import (
     CLI_INSTANTIATOR,
     ExportError,

@@ -64,7 +64,10 @@ def resume_and_check(workdir, checkpoint, *flags: str) -> dict:
     assert f"{name} (the newest intact of" in resumed.stderr
     (start,) = read_records(workdir / "resumed", "train_start")
     assert start["global_step"] == saved["global_step"] > 0
-    assert start["parameters"] == pytest.approx(parameter_fingerprint(saved["state_dict"]))
+    # (Where weights are averaged, the checkpoint's state_dict holds the average and
+    # current_model_state the weights that train: Lightning's EMAWeightAveraging.)
+    weights = saved.get("current_model_state", saved["state_dict"])
+    assert start["parameters"] == pytest.approx(parameter_fingerprint(weights))
     assert start["optimizers"] == pytest.approx(
         [optimizer_fingerprint(state) for state in saved["optimizer_states"]]
     )

@@ -121,7 +121,7 @@ def test_report_is_printed_at_fit_end(workdir, caplog):
     with caplog.at_level(logging.INFO):
         cli = main(["fit", *flags, "--checkpoint.every_n_train_steps=1"])
     line = next(r.message for r in caplog.records if r.message.startswith("Training health"))
-    assert "samples/s | data wait" in line and "effective batch" in line
+    assert "samples/s | data wait" in line and "| effective batch " in line
     # What saving (after every optimizer step, then at the end) cost the steps.
     saves = re.search(
         r"\| (\d+) checkpoints written in the background, the steps waiting \d+\.\d\d s to"
@@ -153,6 +153,9 @@ def test_batchnorm_advice():
     assert "micro-batch of 16 samples" in batchnorm_advice(with_bn, 1, 4, 16)
     synced = torch.nn.SyncBatchNorm.convert_sync_batchnorm(with_bn)
     assert batchnorm_advice(synced, world_size=4, accumulate=1, micro_batch=16) is None
+    # A frozen backbone's BatchNorm in eval mode normalises by its running statistics.
+    with_bn[1].eval()
+    assert batchnorm_advice(with_bn, world_size=1, accumulate=4, micro_batch=16) is None
 
 
 def test_accumulating_a_batchnorm_model_warns_once():
@@ -169,6 +172,17 @@ def test_accumulating_a_batchnorm_model_warns_once():
         )
     advice = [str(w.message) for w in caught if "BatchNorm with accumulate" in str(w.message)]
     assert len(advice) == 1 and f"micro-batch of {BATCH} samples" in advice[0]
+
+    class FrozenBatchNorm(WithBatchNorm):  # a fine-tune keeps it in eval mode
+        def on_train_epoch_start(self) -> None:
+            self.layer[1].eval()
+
+    clock = FakeClock()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        frozen = FrozenBatchNorm(clock)
+        fit_on_the_clock(frozen, clock, [TrainingHealth()], max_steps=2, accumulate_grad_batches=4)
+    assert not [w for w in caught if "BatchNorm with accumulate" in str(w.message)]
 
 
 def test_flops_are_counted_on_the_first_step_and_give_flop_per_second(workdir, monkeypatch):

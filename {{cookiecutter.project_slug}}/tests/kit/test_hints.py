@@ -102,15 +102,20 @@ def test_out_of_memory_in_a_step(workdir, monkeypatch, capfd):
     cli.datamodule.trainer = cli.trainer
     cli.datamodule.prepare_data()
     cli.datamodule.setup("fit")
-    batch_size = cli.datamodule.train_dataloader().batch_size
+    loader = cli.datamodule.train_dataloader()
     code = command(["fit", "--trainer.fast_dev_run=true"])
     err = capfd.readouterr().err
     assert code == 1
     assert "Traceback (most recent call last)" in err  # nothing swallowed
     assert err.index("OutOfMemoryError") < err.index("Hint: CUDA out of memory")
-    assert f"In use: --data.batch_size {batch_size} per device" in err
-    half = max(1, batch_size // 2)
-    assert f"Try: --data.batch_size {half} --trainer.accumulate_grad_batches 2" in err
+    if loader.batch_size is None:  # a batch sampler of the project's sizes each batch
+        sampler = type(getattr(loader.batch_sampler, "batches", loader.batch_sampler)).__name__
+        assert f"In use: batches as {sampler} makes them" in err
+        assert f"Try: batches half the size from {sampler}" in err
+    else:
+        assert f"In use: --data.batch_size {loader.batch_size} per device" in err
+        half = max(1, loader.batch_size // 2)
+        assert f"Try: --data.batch_size {half} --trainer.accumulate_grad_batches 2" in err
     if not torch.cuda.is_available():
         assert "--trainer.precision 32-true" in err and "--trainer.precision bf16-mixed" in err
     assert "empty_cache()` is no cure" in err

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from support import PROJECT
-from support.models import TwoNetworks
+from support.models import CriticFirst, FrozenBackbone, TwoNetworks
 from torch import nn
 
 from {{ cookiecutter.package_name }}.kit import doctor, footprint, memory
@@ -78,9 +78,16 @@ def test_optimizer_state_is_counted_per_optimizer_and_its_options():
     ]:
         params, _, facts = footprint.params_of(model, [optimizer])
         assert per_rank(params).optimizer_state == state, facts.name
+    # Frozen weights count as trained: a fine-tune may unfreeze them, and the plan is for
+    # the whole run. Their optimizer state is that of the optimizer's weights.
     frozen = linear_on_meta().requires_grad_(False)
-    params, _, _ = footprint.params_of(frozen, [])
-    assert per_rank(params) == PerRank(4_004_000, 0, 0)  # no gradient, no state
+    params, _, facts = footprint.params_of(frozen, [])
+    assert per_rank(params) == PerRank(4_004_000, 4_004_000, 8_008_000)
+    assert "1,001,000 frozen weights counted" in str(facts.note)
+    half = linear_on_meta()
+    half.bias.requires_grad_(False)
+    params, _, _ = footprint.params_of(half, [torch.optim.Adam([half.weight])])
+    assert per_rank(params) == PerRank(4_004_000, 4_004_000, 8_008_000)
 
 
 def test_an_optimizer_that_cannot_be_built_on_the_meta_device_is_assumed_adamw():
@@ -248,6 +255,25 @@ def test_a_step_that_optimizes_by_hand_and_calls_a_network_twice_is_measured():
         model = TwoNetworks()
     measured = memory.measure_activations(model, (torch.randn(64, 2),), 64)
     assert measured.method == "peak of one step, fake tensors" and measured.bytes > 0
+
+
+def test_a_gan_that_generates_again_after_a_backward_is_measured():
+    with torch.device("meta"):
+        model = CriticFirst()
+    measured = memory.measure_activations(model, (torch.randn(64, 2),), 64)
+    assert measured.method == "peak of one step, fake tensors" and measured.bytes > 0
+
+
+def test_a_model_with_frozen_weights_is_measured_as_a_real_step_allocates():
+    """MemTracker hooks every parameter's gradient, which a frozen one refuses: the step
+    is measured with the frozen weights held as buffers, as the real step holds them."""
+    with torch.device("meta"):
+        model = FrozenBackbone()
+    batch = (torch.randn(64, 16),)
+    measured = memory.measure_activations(model, batch, 64)
+    assert measured.method == "peak of one step, fake tensors" and measured.bytes > 0
+    assert measured.bytes == memory._real_peak(model, batch, memory.training_step, None, None)
+    assert not any(p.requires_grad for p in model.backbone.parameters())  # left as it was
 
 
 def test_the_projects_step_is_measured():

@@ -5,22 +5,29 @@ and the first training batch of the project's own data, it takes statistics
 (mean, standard deviation, largest magnitude) of the initial weights, the
 network's output, the gradients of one training step and the weights after its
 optimizer step, and compares them with those recorded in tests/numerics.json,
-within a tolerance that fits each tensor's dtype. A change meant to move them
-records them again, and the file is committed with it:
+within a tolerance that fits each tensor's dtype. The step is Lightning's own,
+one step of a fit: the optimizers come from `configure_optimizers` with the
+Trainer attached (a schedule over `estimated_stepping_batches` works), and a
+model that steps its optimizers itself does so. A change meant to move the
+numbers records them again, and the file is committed with it:
 
     pytest tests/kit/test_numerics.py --record-numerics
+
+A record of another model class (project.py now names yours) is replaced by
+your model's numbers, with a warning that says so; under CI (the CI variable
+set) it fails instead, with that command.
 """
 
 import json
 import math
 import os
+import warnings
 
 import pytest
 import torch
-from support import PROJECT, TESTS, configured, first_batch
+from support import PROJECT, TESTS, configured, first_batch, quiet_trainer
 
 from {{ cookiecutter.package_name }}.kit.export import network_inputs, tensors_of
-from {{ cookiecutter.package_name }}.kit.memory import optimizers_in, training_step
 from {{ cookiecutter.package_name }}.kit.spec import network_of
 
 RECORD = TESTS / "numerics.json"
@@ -79,12 +86,11 @@ def numerics(change_forward=None) -> dict[str, dict]:
 
     names = {id(weight): f"grad/{name}" for name, weight in weights.items()}
     for weight in weights.values():
-        if weight.requires_grad:
+        if weight.requires_grad:  # (a frozen one takes no hook)
             weight.register_post_accumulate_grad_hook(first_gradient)
-    torch.manual_seed(SEED)  # the step's own draws: dropout, noise
-    training_step(model, batch)  # with manual optimization, it steps its optimizers itself
-    if model.automatic_optimization:
-        optimizers_in(model.configure_optimizers())[0].step()
+    torch.manual_seed(SEED)  # the loader's order and the step's own draws: dropout, noise
+    one_step = quiet_trainer(max_steps=1, limit_val_batches=0, num_sanity_val_steps=0)
+    one_step.fit(model, datamodule=cli.datamodule)
     found |= dict(sorted(grads.items(), key=lambda item: list(weights).index(item[0][5:])))
     return found | {f"step/{name}": statistics(p) for name, p in weights.items()}
 
@@ -151,7 +157,20 @@ def test_the_models_numbers_are_the_recorded_ones(now, request):
         RECORD.write_text(as_text(now), encoding="utf-8")
         return
     assert RECORD.is_file(), f"no tests/{RECORD.name} yet: record it with `{RECORD_AGAIN}`"
-    moved = first_moved(json.loads(RECORD.read_text(encoding="utf-8")), now)
+    recorded = json.loads(RECORD.read_text(encoding="utf-8"))
+    if recorded["model"] != now["model"]:  # the example replaced by a model of your own
+        assert not os.environ.get("CI"), (
+            f"tests/{RECORD.name} records {recorded['model']}, project.py names"
+            f" {now['model']}: `{RECORD_AGAIN}`, and commit tests/{RECORD.name}"
+        )
+        RECORD.write_text(as_text(now), encoding="utf-8")
+        warnings.warn(
+            f"tests/{RECORD.name} recorded {recorded['model']}; project.py names"
+            f" {now['model']}, whose numbers it now records: commit it",
+            stacklevel=1,
+        )
+        return
+    moved = first_moved(recorded, now)
     assert moved is None, (
         f"the model's numbers moved: {moved}. If that is meant: `{RECORD_AGAIN}`, and"
         f" commit tests/{RECORD.name}"

@@ -22,6 +22,7 @@ import pytest
 import torch
 from instruments import read_records
 from lightning.pytorch import Callback
+from lightning.pytorch.callbacks import BaseFinetuning
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from support import (
     DDP,
@@ -32,15 +33,18 @@ from support import (
     assert_float_close,
     assert_identical,
     batches_of,
+    configured,
     fit_to_end,
     folder_of,
     fork_cli,
     load_checkpoint,
+    loader_of,
     logged_scalars,
     optimizes_by_hand,
     reference,
     run_dirs,
     run_forked,
+    schedule_ended,
     wait_for,
 )
 from support.processes import (
@@ -48,11 +52,17 @@ from support.processes import (
     killed_together,
     still_alive,
 )
+from torch.utils.data import IterableDataset
 
 from {{ cookiecutter.package_name }}.kit import cli
 from {{ cookiecutter.package_name }}.kit.data import ResumableLoader, SplitDataModule
 from {{ cookiecutter.package_name }}.kit.internals import request_stop
-from {{ cookiecutter.package_name }}.kit.resume import ResumeState, per_process
+from {{ cookiecutter.package_name }}.kit.resume import (
+    ResumeState,
+    per_process,
+    same_samples,
+    saved_state,
+)
 
 MONITOR = PROJECT.monitor
 
@@ -120,8 +130,11 @@ def test_with_any_loader_workers_a_run_stopped_mid_epoch_resumes_exactly(
     workdir, uninterrupted, sent, workers
 ):
     """Random augmentation in a dataset's __getitem__ included (its draws are the sample's
-    and the epoch's), however many workers read it; a SIGKILLed run's workers end with it."""
+    and the epoch's), however many workers read it; a SIGKILLed run's workers end with it.
+    (A stream's order is its workers': it is read by as many as the uninterrupted run's.)"""
     flags = (f"--data.num_workers={workers}",)
+    if isinstance(loader_of(configured(), "train").dataset, IterableDataset):
+        flags = ()
     if not issubclass(PROJECT.datamodule, SplitDataModule):  # its own loaders, as they are
         if workers:
             pytest.skip("the DataModule is not a SplitDataModule: no --data.num_workers")
@@ -163,11 +176,13 @@ def test_a_killed_run_resumes_exactly_from_its_newest_checkpoint(workdir, uninte
 def test_mid_epoch_checkpoints_lose_at_most_their_interval_and_the_write_in_flight(
     workdir, uninterrupted, trigger, every
 ):
-    kill = steps_per_epoch(uninterrupted) // 2 + every  # in the first epoch, before validation
+    steps = steps_per_epoch(uninterrupted)  # in the first epoch, before its validation
+    kill = max(every, min(steps // 2 + every, steps - 1))
+    env = {"INSTRUMENTS_KILL_STEP": str(kill)}
+    if kill < 2 * every:  # an epoch too short for two saves: the one there is, written
+        env["INSTRUMENTS_KILL_SETTLED"] = "1"
     flags = (*FLAGS, f"--checkpoint.{trigger}")
-    killed = fork_cli(
-        "fit", *flags, INSTRUMENTS, cwd=workdir, env={"INSTRUMENTS_KILL_STEP": str(kill)}
-    )
+    killed = fork_cli("fit", *flags, INSTRUMENTS, cwd=workdir, env=env)
     assert killed.wait() == -signal.SIGKILL
     (run_dir,) = run_dirs(workdir)
     saved = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")
@@ -220,9 +235,9 @@ def test_a_run_resumed_on_another_number_of_processes_trains_the_same_samples(
     uninterrupted = reference(request, tmp_path_factory, *(DDP if saved == 2 else ONE_ACCUMULATING))
     batches = steps_per_epoch(uninterrupted)  # each rank's, an epoch
     steps = batches // (3 - saved)  # optimizer steps
-    flags = (*FLAGS, INSTRUMENTS, "--checkpoint.every_n_train_steps=2")
-    kill = batches * 3 // 2  # mid-way through epoch 2
-    env = {**NO_DROPOUT, "INSTRUMENTS_KILL_STEP": str(kill)}
+    flags = (*FLAGS, INSTRUMENTS, "--checkpoint.every_n_train_steps=1")
+    kill = batches * 3 // 2  # mid-way through epoch 2, its newest checkpoint written
+    env = {**NO_DROPOUT, "INSTRUMENTS_KILL_STEP": str(kill), "INSTRUMENTS_KILL_SETTLED": "1"}
     if saved == 2:
         killed_together("fit", *flags, *DDP, cwd=workdir, env=env)
 {%- if not cookiecutter.cluster %}
@@ -239,12 +254,21 @@ def test_a_run_resumed_on_another_number_of_processes_trains_the_same_samples(
     else:
         killed = fork_cli("fit", *flags, *ONE_ACCUMULATING, cwd=workdir, env=env)
         assert killed.wait() == -signal.SIGKILL
+    (run_dir,) = run_dirs(workdir)
+    kept = saved_state(load_checkpoint(run_dir / "checkpoints" / "last.ckpt"), "ResumeState")
     env = {**NO_DROPOUT, "INSTRUMENTS_SAMPLES": str(workdir / "samples")}
     resumed_flags = ("--ckpt_path=last", *flags, *(DDP if resumed == 2 else ()))
     result = fit_to_end(workdir, *resumed_flags, ddp=resumed == 2, env=env)
     (line, *others) = [line for line in result.stderr.splitlines() if "resume:" in line]
     assert f"saved by {saved} process{'es' * (saved > 1)}, resumed by {resumed}" in line
-    assert "global batch was 128" in line and "is 128" in line and "same samples" in line
+    total = kept["batch_size"] * kept["world_size"] * kept["accumulate"]
+    assert f"global batch was {total}" in line and f"is {total} " in line
+    other = same_samples(kept)  # an order that is not the same on any number of processes
+    if other is not None:  # says so, with the reason, and trains on
+        assert f"train other samples than an uninterrupted run ({other})" in line
+        assert final(workdir)[1]["epoch"] == final(uninterrupted)[1]["epoch"]
+        return
+    assert total == 128 and "same samples" in line
     mine, theirs = samples_by_step(workdir / "samples"), samples_by_step(uninterrupted / "samples")
     first = min(mine)
     assert first % steps, "the resume is mid-epoch"
@@ -282,16 +306,29 @@ def test_a_resume_on_another_number_of_processes_keeps_the_global_batch_and_says
         (line,) = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
         assert f"--data.batch_size {per_device} (accumulating 1)" in line
         flags += (f"--data.batch_size={per_device}",)
+    ended = schedule_ended(state)  # a schedule built for the run's steps: refused after
     resumed = run_forked(
-        "fit", "--ckpt_path=last", "--trainer.max_epochs=3", *FLAGS[1:], *flags, cwd=workdir
+        "fit",
+        "--ckpt_path=last",
+        "--trainer.max_epochs=3",
+        *FLAGS[1:],
+        *flags,
+        cwd=workdir,
+        check=not ended,
     )
+    if ended:
+        assert resumed.returncode == 2 and "cannot step past its last" in resumed.stderr
     first, *others, precision = [line for line in resumed.stderr.splitlines() if "resume:" in line]
     assert "saved with precision bf16-mixed, resumed with 32-true" in precision
     assert "saved by 2 processes, resumed by 1" in first
     assert f"is {2 * size * accumulate} ({per_device} x 1 x {accumulated})" in first
-    # What draws or keeps numbers of each process's own says so, one line each.
+    # What draws or keeps numbers of each process's own says so, one line each: dropout
+    # as built, BatchNorm unless the fit's setup froze its statistics (a fine-tune's).
     parts = per_process(PROJECT.model())  # as trained: with its defaults
-    assert len(others) == len(parts) and all(p in o for p, o in zip(parts, others, strict=True))
+    said = [line.partition("resume: ")[2] for line in others]
+    kinds = [part.partition(" (")[0] for part in parts]  # "dropout", "BatchNorm"
+    assert len(said) <= len(parts) and all(line.partition(" (")[0] in kinds for line in said)
+    assert all(any(part in line for line in said) for part in parts if part.startswith("drop"))
     # A global batch no whole accumulation makes is refused, naming the batches that do.
     saved["world_size"], saved["batch_size"] = 3, 5
     torch.save(state, last)
@@ -335,19 +372,24 @@ class StopAt(Callback):
 
 
 class CountsItsSteps(PROJECT.model):
-    """The project's model, with OneCycleLR over `trainer.estimated_stepping_batches`:
-    reading it sets the training DataLoader up before a checkpoint is restored
-    (Lightning #20550). A model that steps its optimizers by hand keeps its own, and
-    reads the estimate all the same."""
+    """The project's model, its optimizer under OneCycleLR over the Trainer's
+    `estimated_stepping_batches` (up to the optimizer's own rates): reading the estimate
+    sets the training DataLoader up before a checkpoint is restored (Lightning #20550).
+    A model with a schedule of its own, that steps its optimizers by hand, or whose
+    fine-tuning adds parameter groups as it goes (which OneCycleLR cannot schedule),
+    keeps its own, and reads the estimate all the same."""
 
     def configure_optimizers(self):
         total = self.trainer.estimated_stepping_batches
-        if not self.automatic_optimization:
-            return super().configure_optimizers()
-        optimizer = torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.9)
-        scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, total_steps=total)
+        configured = super().configure_optimizers()
+        adds_groups = any(isinstance(c, BaseFinetuning) for c in self.trainer.callbacks)
+        own = not isinstance(configured, torch.optim.Optimizer) or not self.automatic_optimization
+        if own or adds_groups:
+            return configured
+        rates = [group["lr"] for group in configured.param_groups]
+        scheduler = torch.optim.lr_scheduler.OneCycleLR(configured, max_lr=rates, total_steps=total)
         return {
-            "optimizer": optimizer,
+            "optimizer": configured,
             "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
         }
 

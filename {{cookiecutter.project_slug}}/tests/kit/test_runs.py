@@ -24,9 +24,11 @@ from support import (
     logged_scalars,
     main,
     run_dirs,
+    schedule_ended,
 )
 
 from {{ cookiecutter.package_name }}.__main__ import main as command
+from {{ cookiecutter.package_name }}.kit.spec import ConfigError
 
 MONITOR = PROJECT.monitor
 Model = PROJECT.model
@@ -96,9 +98,14 @@ def test_a_continued_run_keeps_its_earlier_metrics(trained_checkpoint, workdir):
     shutil.copytree(folder_of(trained_checkpoint), workdir, dirs_exist_ok=True)
     (run,) = run_dirs(workdir)
     before = logged_scalars(run)
-    main(
-        ["fit", "--ckpt_path=last", "--trainer.max_epochs=3", "--trainer.enable_progress_bar=false"]
-    )
+    flags = ["fit", "--ckpt_path=last", "--trainer.max_epochs=3"]
+    if schedule_ended(load_checkpoint(run / "checkpoints" / "last.ckpt")):
+        # A schedule built for the run's steps (OneCycleLR) ends with it: refused, unchanged.
+        with pytest.raises(ConfigError, match="cannot step past its last"):
+            main(flags)
+        assert logged_scalars(run) == before
+        return
+    main([*flags, "--trainer.enable_progress_bar=false"])
     after = logged_scalars(run)
     for name, values in before.items():
         assert after[name][: len(values)] == values, name

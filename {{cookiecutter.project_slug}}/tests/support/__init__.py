@@ -1,7 +1,14 @@
 """What the tests share: the project (`PROJECT`, `main`), its batches, processes
 running the command, readers of what a run left, and fits made once a session."""
 
-from .batches import FakeClock, configured, first_batch, loader_length, same_values
+from .batches import (
+    FakeClock,
+    configured,
+    first_batch,
+    loader_length,
+    loader_of,
+    same_values,
+)
 from .fits import (
     DDP,
     FLAGS,
@@ -34,6 +41,7 @@ from .project import (
     TESTS,
     main,
     optimizes_by_hand,
+    whole_copies,
 )
 from .readers import (
     assert_float_close,
@@ -47,6 +55,7 @@ from .readers import (
     made_a_run,
     reached,
     run_dirs,
+    schedule_ended,
 )
 
 __all__ = [
@@ -69,6 +78,7 @@ __all__ = [
     "batches_of",
     "batches_trained",
     "best_score",
+    "schedule_ended",
     "cli_env",
     "configured",
     "failure",
@@ -80,10 +90,12 @@ __all__ = [
     "forkserver",
     "load_checkpoint",
     "loader_length",
+    "loader_of",
     "logged_scalars",
     "made_a_run",
     "main",
     "optimizes_by_hand",
+    "whole_copies",
     "quiet_trainer",
     "reached",
     "reference",

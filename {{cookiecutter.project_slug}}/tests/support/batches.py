@@ -12,14 +12,22 @@ def configured(*flags: str):
     return main(["--trainer.logger=false", *flags], run=False)
 
 
-def first_batch(cli, split: str = "train", device: str | torch.device = "cpu"):
-    """One batch of the configured DataModule, as the module's steps receive it."""
+def loader_of(cli, split: str):
+    """The configured DataModule's `split` loader; its first, where it gives several (a
+    list or a dict of validation loaders)."""
     datamodule = cli.datamodule
     datamodule.trainer = cli.trainer
     datamodule.prepare_data()
     datamodule.setup("fit" if split in ("train", "val") else split)
-    loader = getattr(datamodule, f"{split}_dataloader")()
-    return move_data_to_device(next(iter(loader)), torch.device(device))
+    loaders = getattr(datamodule, f"{split}_dataloader")()
+    if isinstance(loaders, dict):
+        return next(iter(loaders.values()))
+    return loaders[0] if isinstance(loaders, list | tuple) else loaders
+
+
+def first_batch(cli, split: str = "train", device: str | torch.device = "cpu"):
+    """One batch of the configured DataModule, as the module's steps receive it."""
+    return move_data_to_device(next(iter(loader_of(cli, split))), torch.device(device))
 
 
 def same_values(a, b) -> bool:
@@ -33,12 +41,8 @@ def same_values(a, b) -> bool:
 
 
 def loader_length(cli, split: str) -> int:
-    """How many samples the configured DataModule's `split` loader yields."""
-    datamodule = cli.datamodule
-    datamodule.trainer = cli.trainer
-    datamodule.prepare_data()
-    datamodule.setup("fit" if split in ("train", "val") else split)
-    return len(getattr(datamodule, f"{split}_dataloader")().dataset)
+    """How many samples the configured DataModule's `split` loader holds (its first)."""
+    return len(loader_of(cli, split).dataset)
 
 
 class FakeClock:

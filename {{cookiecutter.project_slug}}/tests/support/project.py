@@ -32,3 +32,16 @@ def optimizes_by_hand() -> bool:
 
 # The kit's CLI for this project: main(["fit", ...], run=False, callbacks=[...]).
 main = partial(cli.main, project=PROJECT)
+
+
+@cache
+def whole_copies() -> str | None:
+    """The callback of the project's configs that keeps a whole copy of the model
+    (Lightning's EMA or SWA), which FSDP cannot make: the project's FSDP runs are refused
+    in one line. None where there is none."""
+    from lightning.pytorch.callbacks import StochasticWeightAveraging, WeightAveraging
+
+    trainer = main(["--trainer.logger=false"], run=False).trainer
+    kinds = WeightAveraging | StochasticWeightAveraging
+    return next((type(c).__name__ for c in trainer.callbacks if isinstance(c, kinds)), None)
+

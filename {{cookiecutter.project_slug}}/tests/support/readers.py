@@ -187,6 +187,15 @@ def assert_float_close(ours, theirs, where: str = "", rtol: float = 1e-5) -> flo
     return 0.0
 
 
+def schedule_ended(checkpoint: dict) -> bool:
+    """Whether a schedule of a fixed length (OneCycleLR's `total_steps`) in `checkpoint` took
+    its last step: a fit that continues the run for more epochs is refused in one line."""
+    return any(
+        state.get("total_steps") is not None and state["last_epoch"] >= state["total_steps"]
+        for state in checkpoint.get("lr_schedulers") or []
+    )
+
+
 def best_score(checkpoint: dict) -> float:
     """The monitored metric's best value, as the checkpoint callback recorded it."""
     (state,) = [s for s in checkpoint["callbacks"].values() if "best_model_score" in s]

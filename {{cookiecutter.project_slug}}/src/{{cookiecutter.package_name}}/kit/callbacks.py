@@ -63,25 +63,31 @@ def train_loader(trainer: Trainer) -> DataLoader | None:
 
 
 def loader_facts(trainer: Trainer) -> dict[str, Any]:
-    """Batch size (per device and effective) and loader settings of the training DataLoader."""
+    """Batch size (per device and effective; or the batch sampler of yours that sizes each
+    batch) and loader settings of the training DataLoader."""
     loader = train_loader(trainer)
     if loader is None:
         return dict.fromkeys(
             (
                 "batch_size",
                 "effective_batch_size",
+                "batch_sampler",
                 "num_workers",
                 "pin_memory",
                 "persistent_workers",
             )
         )
-    batch_size = loader.batch_size or getattr(loader.batch_sampler, "batch_size", None)
+    batches = loader.batch_sampler
+    batches = getattr(batches, "batches", batches)  # yours, where the kit deals them out
+    batch_size = loader.batch_size or getattr(batches, "batch_size", None)
     effective = None
     if batch_size:
         effective = batch_size * trainer.accumulate_grad_batches * trainer.world_size
     return {
         "batch_size": batch_size,
         "effective_batch_size": effective,
+        # A batch sampler that sizes each batch itself (one of a points budget, say).
+        "batch_sampler": None if batch_size or batches is None else type(batches).__name__,
         "num_workers": loader.num_workers,
         "pin_memory": loader.pin_memory,
         "persistent_workers": loader.persistent_workers,
@@ -170,6 +176,11 @@ def format_environment(facts: dict[str, Any]) -> str:
             f" accumulated x {facts['world_size']} ranks"
             f" = {facts['effective_batch_size']} effective"
         )
+    elif facts.get("batch_sampler"):
+        lines.append(
+            f"batch: as {facts['batch_sampler']} makes each, per device x"
+            f" {facts['accumulate_grad_batches']} accumulated x {facts['world_size']} ranks"
+        )
     if facts["num_workers"] is not None:
         lines.append(
             f"loader: num_workers {facts['num_workers']} | pin_memory {facts['pin_memory']}"
@@ -218,6 +229,7 @@ class FailureContext(Callback):
             "accumulate_grad_batches": trainer.accumulate_grad_batches,
             "cuda_device_count": torch.cuda.device_count(),
             "batch_size": loader_facts(trainer)["batch_size"],
+            "batch_sampler": loader_facts(trainer)["batch_sampler"],
             "tensor_devices": {
                 device: names[:4] + ([f"... {len(names) - 4} more"] if len(names) > 4 else [])
                 for device, names in where.items()

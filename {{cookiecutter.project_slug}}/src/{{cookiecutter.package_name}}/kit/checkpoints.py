@@ -787,7 +787,8 @@ class InterruptCheckpoint(OnExceptionCheckpoint):
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._sigterm_held:
             self._sigterm_held = False
-            request_stop(trainer)
+            # After the run's last validation there is nothing left to stop: it ends as it would.
+            request_stop(trainer, not training_done(trainer, after_validation=True))
 
     def on_train_batch_start(self, trainer: Trainer, pl_module, batch: Any, batch_idx: int) -> None:
         if trainer.world_size > 1:
@@ -806,6 +807,9 @@ class InterruptCheckpoint(OnExceptionCheckpoint):
         self._restore_handler()
         folder = self._run_folder(trainer)
         if folder is None or not isinstance(exception, (SIGTERMException, KeyboardInterrupt)):
+            return
+        if isinstance(exception, SIGTERMException) and training_done(trainer):
+            keep_context(exception, {"finished": True})  # the stop came after the last step
             return
         if trainer.global_step > 0:  # a step taken: something to resume
             self.dirpath = folder
@@ -828,6 +832,20 @@ class InterruptCheckpoint(OnExceptionCheckpoint):
         if stage == "fit" and folder is not None:
             self.dirpath = folder
             super().teardown(trainer, pl_module, stage)
+
+
+def training_done(trainer: Trainer, after_validation: bool = False) -> bool:
+    """Whether the fit has trained all it was to (max_steps, or max_epochs completed; with
+    `after_validation`, once this epoch's validation, its last step taken, is over)."""
+    if trainer.max_steps not in (None, -1) and trainer.global_step >= trainer.max_steps:
+        return True
+    if trainer.max_epochs in (None, -1):
+        return False
+    progress = trainer.fit_loop.epoch_progress.current
+    if after_validation:
+        last_batch = trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+        return bool(last_batch) and trainer.current_epoch + 1 >= trainer.max_epochs
+    return progress.completed >= trainer.max_epochs
 
 
 def slurm_job() -> str:

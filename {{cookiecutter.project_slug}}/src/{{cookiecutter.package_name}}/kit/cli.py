@@ -30,9 +30,12 @@ from lightning.pytorch.callbacks import (
     ModelCheckpoint,
     ModelSummary,
     ProgressBar,
+    StochasticWeightAveraging,
+    WeightAveraging,
 )
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.profilers import PassThroughProfiler
+from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
@@ -85,7 +88,10 @@ from .runs import (
     run_of_checkpoint,
     uploads_each_checkpoint,
 )
-from .spec import ConfigError, FSDPOptions, Project
+from .schedules import ScheduleLength
+from .shards import ShardCheck
+from .spec import ConfigError, FSDPOptions, Project, init_parameters
+from .unfrozen import UnfrozenGradients
 from .watch import Diverged, Divergence, RankWatch
 
 # What each logger needs from the environment before it starts (a variable the
@@ -278,6 +284,13 @@ class ProjectCLI(LightningCLI):
                 discard_run(claimed)
             raise
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> "ProjectCLI":
+        # A callable argument the CLI made (`optimizer: OptimizerCallable`, kept on the model)
+        # holds the CLI, through jsonargparse's instantiators, and so the Trainer and its
+        # launched processes: a deep copy of the model (Lightning's EMAWeightAveraging
+        # makes one) shares the CLI instead of copying what cannot be copied.
+        return self
+
     def settings(self) -> dict[str, Any]:
         """The parsed settings the error hints quote (the trainer's own, where it
         was built, win: `FailureContext`)."""
@@ -376,6 +389,9 @@ class ProjectCLI(LightningCLI):
                 self._start_new_run(config)
             return
         checkpoint = check_checkpoint(ckpt_path)
+        foreign = foreign_model(checkpoint, self.project.model)
+        if foreign:
+            raise CheckpointError(foreign)
         fsdp = config.get("fsdp")
         if is_sharded(checkpoint) and not (fsdp and fsdp.get("enabled")):
             if subcommand == "fit":
@@ -432,6 +448,9 @@ class ProjectCLI(LightningCLI):
             *callbacks,
             DiscardFailedStart(new_run=self._new_run),
             KeepTestMetrics(),
+            ShardCheck(),
+            UnfrozenGradients(),
+            ScheduleLength(),
             *(
                 kind(**section[key].as_dict(), **given)
                 for key, (kind, given) in self.project_callbacks().items()
@@ -483,6 +502,7 @@ class ProjectCLI(LightningCLI):
             trainer.callbacks = [*others[:first], KitCallbacks(parts), *others[first:]]
         if type(trainer.profiler) is PassThroughProfiler:  # no --trainer.profiler given
             trainer.profiler = NoProfiler()
+        refuse_whole_copies(trainer)
         choose_rendezvous_port(trainer)
         watch = find_callback(trainer, RankWatch)
         if watch is not None:
@@ -500,6 +520,40 @@ class ProjectCLI(LightningCLI):
         resolve_hardware(trainer)
         if self.subcommand == "predict":
             trainer["logger"] = False  # predictions go to their CSV file, not a new run
+
+
+def foreign_model(checkpoint: Path, model: type) -> str | None:
+    """Why `checkpoint` holds another kind of model than `model` (hyperparameters that are
+    not its arguments: Lightning would rebuild the model from them), or None."""
+    if checkpoint.is_dir():  # a folder of shards: its hyperparameters are in its meta file
+        return None
+    saved = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
+    hparams = {k: v for k, v in (saved.get("hyper_parameters") or {}).items() if k[0] != "_"}
+    if not hparams or "_class_path" in (saved.get("hyper_parameters") or {}):
+        return None
+    takes = {name.partition(".")[0] for name in init_parameters(model)}
+    strangers = sorted(set(hparams) - takes)
+    if not strangers:
+        return None
+    return (
+        f"checkpoint '{checkpoint}' holds another model: its hyperparameters"
+        f" {', '.join(strangers[:4])} are not arguments of {model.__name__} (which takes"
+        f" {', '.join(sorted(takes)[:6]) or 'none'}); use a checkpoint of this project's model"
+    )
+
+
+def refuse_whole_copies(trainer: Trainer) -> None:
+    """Refuse, in one line, a callback that keeps a whole copy of the model (Lightning's
+    weight averaging, EMA, SWA) under a strategy that shards it: FSDP cannot copy it."""
+    if not isinstance(trainer.strategy, FSDPStrategy | ModelParallelStrategy):
+        return
+    for callback in trainer.callbacks:
+        if isinstance(callback, WeightAveraging | StochasticWeightAveraging):
+            raise ConfigError(
+                f"trainer.callbacks: {type(callback).__name__} keeps a whole copy of the model,"
+                f" which {type(trainer.strategy).__name__} cannot make of a sharded one: drop it"
+                " from the config under FSDP, or train with configs/ddp.yaml"
+            )
 
 
 def elastic_restart(config: dict[str, Any]) -> bool:
@@ -554,22 +608,19 @@ def main(
     quiet_library_noise()
     end_open_runs()
     trainer_defaults = {"callbacks": list(callbacks)} if callbacks else {}
-    # The project's config file first (every subcommand), then --config files and flags;
     # `--trainer.max_epoch` is a typo to report, not an abbreviation to accept.
-    defaults = [str(project.defaults)] if project.defaults else []
     parser_kwargs: dict[str, Any] = {"allow_abbrev": False}
-    if cli_kwargs.get("run") is False:  # one parser, no subcommands
-        parser_kwargs["default_config_files"] = defaults
     for subcommand in LightningCLI.subcommands():
-        parser_kwargs[subcommand] = {"allow_abbrev": False, "default_config_files": defaults}
+        parser_kwargs[subcommand] = {"allow_abbrev": False}
+    words = with_defaults(sys.argv[1:] if args is None else args, project.defaults, cli_kwargs)
     with warnings.catch_warnings():
-        if args is not None:  # run by code (bench, a sweep's trial, tests), not this command line
-            warnings.filterwarnings("ignore", "LightningCLI's args parameter is intended")
+        # The arguments are always given (the project's config file goes first).
+        warnings.filterwarnings("ignore", "LightningCLI's args parameter is intended")
         return cli_class(
             project.model,
             project.datamodule,
             project=project,
-            args=args,
+            args=words,
             trainer_defaults=trainer_defaults,
             parser_class=type("ProjectParser", (ProjectParser,), {"command": project.command}),
             parser_kwargs=parser_kwargs,
@@ -582,6 +633,20 @@ def main(
             save_config_kwargs={"overwrite": True},
             **cli_kwargs,
         )
+
+
+def with_defaults(args: list[str], defaults: Path | None, cli_kwargs: dict[str, Any]) -> list[str]:
+    """`args` with the project's config file read first, as a `--config` of the subcommand:
+    the command line and later `--config` files override it, and it may hold whatever a
+    `--config` file may (jsonargparse reads `default_config_files` by narrower rules: a
+    callable given by `class_path` and `init_args`, as an optimizer is, is refused there)."""
+    if defaults is None:
+        return list(args)
+    if cli_kwargs.get("run") is False:  # one parser, no subcommands
+        return ["--config", str(defaults), *args]
+    if args and args[0] in LightningCLI.subcommands():
+        return [args[0], "--config", str(defaults), *args[1:]]
+    return list(args)  # no subcommand: the parser says so, or prints its help
 
 
 def run(args: list[str] | None, project: Project) -> int:
@@ -610,13 +675,49 @@ def run(args: list[str] | None, project: Project) -> int:
             return _failed(error, project.command)
         print(f"{_rank()}error: {mismatch}", file=sys.stderr)
         return 2
+    except FileNotFoundError as error:  # a data file that is not there: the input, not a bug
+        print(f"{_rank()}error: {error}{raised_in(error, project)}", file=sys.stderr)
+        return 2
+    except ValueError as error:
+        if "too many fds" not in str(error):
+            return _failed(error, project.command)
+        print(f"{_rank()}error: {TOO_MANY_FDS}", file=sys.stderr)
+        return 1
     except SIGTERMException as stop:
+        if getattr(stop, "run_context", {}).get("finished"):
+            return 0  # the run had trained all it was to when the signal came
         by = getattr(stop, "run_context", {}).get("stopped_by", "SIGTERM")
         print(f"{_rank()}stopped by {by}; resume with `fit --ckpt_path last`", file=sys.stderr)
         return 143
     except Exception as error:
         return _failed(error, project.command)
     return 0
+
+
+# Where a loader worker started by a fork server or spawn (Python 3.14's default on Linux)
+# cannot be handed the dataset: torch shares each tensor through a file descriptor of
+# its own, and one message carries a few hundred at most.
+TOO_MANY_FDS = (
+    "a DataLoader worker could not be handed the dataset (too many fds): it holds more"
+    " tensors than a process can be sent at once. Keep its samples in a few large tensors"
+    " (or NumPy arrays), or run with --data.num_workers 0 for data already in memory"
+)
+
+
+def raised_in(error: BaseException, project: Project) -> str:
+    """' (raised in data.py:52, in make_splits)': the project's own line the error came
+    from (the deepest outside the kit), or ''."""
+    package = project.model.__module__.partition(".")[0]
+    frames = [
+        frame
+        for frame in traceback.extract_tb(error.__traceback__)
+        if f"{os.sep}{package}{os.sep}" in frame.filename
+        and f"{os.sep}kit{os.sep}" not in frame.filename
+    ]
+    if not frames:
+        return ""
+    where = frames[-1]
+    return f" (raised in {Path(where.filename).name}:{where.lineno}, in {where.name})"
 
 
 def _failed(error: Exception, command: str) -> int:

@@ -16,19 +16,16 @@ import inspect
 import itertools
 import multiprocessing
 import multiprocessing.connection
-import operator
 import os
-import random
 import weakref
-from collections.abc import Callable, Generator, Iterator, Sequence, Sized
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from dataclasses import dataclass
 from typing import Any, cast
 
-import numpy as np
 import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import (
+    BatchSampler,
     ConcatDataset,
     DataLoader,
     Dataset,
@@ -37,9 +34,10 @@ from torch.utils.data import (
     Subset,
     TensorDataset,
     default_collate,
-    get_worker_info,
     random_split,
 )
+
+from .draws import EpochStream, KeyedBatch, SeededSamples, mix
 
 MAX_WORKERS = 8
 
@@ -116,105 +114,6 @@ def _as_sliced(batch):
     return batch
 
 
-# Random draws keyed by where they happen ---------------------------------------------
-
-_MASK = 2**64 - 1
-
-
-def mix(*parts: int) -> int:
-    """One 64-bit seed from integers, each folded in with SplitMix64's finaliser:
-    nearby inputs ((seed, epoch, 7) and (seed, epoch, 8)) give unrelated seeds."""
-    key = 0
-    for part in parts:
-        key = (key ^ part) + 0x9E3779B97F4A7C15 & _MASK
-        key = (key ^ (key >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
-        key = (key ^ (key >> 27)) * 0x94D049BB133111EB & _MASK
-        key ^= key >> 31
-    return key
-
-
-def seed_global_generators(key: int) -> None:
-    """Seed the generators a `__getitem__` or a `collate_fn` draws from: torch's (on the
-    CPU; a device's own generator is the model's), NumPy's and Python's."""
-    torch.default_generator.manual_seed(key)
-    np.random.seed(key >> 32)
-    random.seed(key)
-
-
-@contextmanager
-def global_generators_kept(keep: bool) -> Generator[None]:
-    """With `keep`, the global generators' states are as they were after the block: the
-    training process's own draws (dropout) do not depend on the data it read."""
-    if not keep:
-        yield
-        return
-    states = torch.default_generator.get_state(), np.random.get_state(), random.getstate()
-    try:
-        yield
-    finally:
-        torch.default_generator.set_state(states[0])
-        np.random.set_state(states[1])
-        random.setstate(states[2])
-
-
-class KeyedBatch(list):
-    """A batch's sample indices, with the key its random draws are seeded from: the
-    loader's seed and the epoch (`key`), and the batch's number in the epoch."""
-
-    def __init__(self, indices: Sequence[int], key: int, number: int) -> None:
-        super().__init__(indices)
-        self.key, self.number = key, number
-
-
-class SeededSamples(Dataset):
-    """A map-style dataset whose samples draw the same random numbers wherever they are read.
-
-    Before each sample of a `KeyedBatch` is read, torch's, NumPy's and Python's
-    global generators are seeded from (seed, epoch, sample index); before the
-    batch is collated, from (seed, epoch, batch number). So a random flip or crop
-    in `__getitem__` (as torchvision's transforms draw them) depends on the
-    sample and the epoch alone: not on the worker that reads it, how many
-    workers there are, or where a run was resumed. In the training process
-    (no workers) the generators are put back after each batch. Anything else is
-    the wrapped dataset's: its attributes, its length, `self.dataset`.
-    """
-
-    def __init__(self, dataset: Dataset, collate_fn: Callable[[list[Any]], Any]) -> None:
-        self.dataset, self.collate_fn = dataset, collate_fn
-
-    def __len__(self) -> int:
-        return len(cast(Sized, self.dataset))
-
-    def __getitem__(self, index: Any) -> Any:
-        return self.dataset[index]
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("dataset", "collate_fn"):  # unpickling
-            raise AttributeError(name)
-        return getattr(self.dataset, name)
-
-    def __getitems__(self, batch: Sequence[Any]) -> Any:
-        key, number = getattr(batch, "key", None), getattr(batch, "number", 0)
-        if key is None:  # indices from elsewhere: read as a DataLoader would
-            return self.collate_fn([self.dataset[index] for index in batch])
-        with global_generators_kept(get_worker_info() is None):
-            read_whole = getattr(self.dataset, "__getitems__", None)
-            if read_whole:  # the dataset reads a batch at once: seeded by the batch
-                seed_global_generators(mix(key, 1, number))
-                samples = read_whole(list(batch))
-            else:
-                samples = []
-                for position, index in enumerate(batch):
-                    try:
-                        where = (0, operator.index(index))
-                    except TypeError:  # a sampler's own keys, not numbers: the sample's place
-                        where = (3, number, position)
-                    seed_global_generators(mix(key, *where))
-                    samples.append(self.dataset[index])
-            seed_global_generators(mix(key, 2, number))
-            return self.collate_fn(samples)
-
-
 class WorkersDieWithTheirProcess:
     """A DataLoader's `worker_init_fn` that ends each worker as soon as the process that
     reads it dies, then calls the user's own `then`.
@@ -241,6 +140,13 @@ class WorkersDieWithTheirProcess:
 def _end_with(sentinel: int) -> None:
     multiprocessing.connection.wait([sentinel])  # ready once the parent is gone
     os._exit(1)
+
+
+def process_rank() -> tuple[int, int]:
+    """(rank, world size) in torch.distributed's default group; (0, 1) outside one."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
 
 
 class _Skipping:
@@ -303,11 +209,9 @@ class GlobalOrder(DistributedSampler):
         num_replicas: int | None = None,
         rank: int | None = None,
     ) -> None:
-        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-        if num_replicas is None:
-            num_replicas = torch.distributed.get_world_size() if distributed else 1
-        if rank is None:
-            rank = torch.distributed.get_rank() if distributed else 0
+        here, world = process_rank()
+        num_replicas = world if num_replicas is None else num_replicas
+        rank = here if rank is None else rank
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle)
         self.batch_size, self.accumulate, self.generator = batch_size, accumulate, generator
         self.step_samples = batch_size * num_replicas * accumulate
@@ -334,10 +238,64 @@ class GlobalOrder(DistributedSampler):
         return used // self.num_replicas
 
 
+class RankBatches(DistributedSampler):
+    """The batches of a batch sampler of your own, dealt out to the processes.
+
+    Rank r of W takes batches r, r + W, r + 2W, ... of each epoch; the last few
+    that would not give every rank one (fewer than W) are left out, so that every
+    rank takes as many steps (a batch sampler that splits itself among the processes,
+    with a `num_replicas` of their number, as a DistributedSampler has, is given one
+    process: its own batches are this rank's). A `DistributedSampler`, so Lightning keeps it: left
+    to itself, Lightning rebuilds a batch sampler around a DistributedSampler of
+    its own, passed as its first argument, which only a batch sampler that reads
+    its indices from a sampler survives (one built from a list of lengths reads
+    the sampler as lengths, and every rank trains the same few batches).
+    `set_epoch` reaches your batch sampler (and the sampler it holds, if any).
+    """
+
+    def __init__(
+        self,
+        batches: Iterable[Sequence[Any]],
+        num_replicas: int = 1,
+        rank: int = 0,
+        deal: bool = True,
+    ):
+        # Not DistributedSampler.__init__: it deals out samples of a dataset, not batches.
+        self.batches, self.num_replicas, self.rank, self.epoch = batches, num_replicas, rank, 0
+        self.deal = deal  # False: the batch sampler gives this rank's batches itself
+        self.shuffle, self.seed, self.drop_last = False, 0, True
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        for told in (self.batches, getattr(self.batches, "sampler", None)):
+            set_epoch = getattr(told, "set_epoch", None)
+            if callable(set_epoch):
+                set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.num_replicas == 1 or not self.deal:
+            return iter(self.batches)
+        every = list(self.batches)
+        dealt = len(every) // self.num_replicas * self.num_replicas
+        return iter(every[self.rank : dealt : self.num_replicas])
+
+    def __len__(self) -> int:
+        return len(cast(Sized, self.batches)) // (self.num_replicas if self.deal else 1)
+
+
+def is_yours(batches: Any) -> bool:
+    """Whether `batches` is a batch sampler of your own: not torch's plain BatchSampler
+    (which Lightning rebuilds around its DistributedSampler, rightly), nor one that
+    Lightning (its predictions' index keeper) or the kit wrapped."""
+    if batches is None or type(batches) is BatchSampler or isinstance(batches, RankBatches):
+        return False
+    return not type(batches).__module__.startswith("lightning.")
+
+
 class ResumableLoader(DataLoader):
     """A DataLoader that a checkpoint taken mid-epoch resumes exactly: the same
     order, from the next batch, the same random augmentation. A drop-in for
-    `torch.utils.data.DataLoader`.
+    `torch.utils.data.DataLoader`, for any dataset and sampler.
 
     Each epoch's order and the workers' seeds come from a generator of the
     loader's own, seeded from (`seed`, epoch): not from the global random state,
@@ -345,9 +303,9 @@ class ResumableLoader(DataLoader):
     seed (`seed_everything`'s). Shuffled, the order is `GlobalOrder`'s: the same
     samples in each optimizer step on any number of processes (`accumulate`: the
     Trainer's accumulate_grad_batches, so that an epoch ends on a whole step).
-    The kit's `ResumeState` saves the seed, the epoch and the samples of it all
+    The kit's `ResumeState` saves the seed, the epoch and the batches of it all
     ranks trained; `resume_at` gives them back, and the epoch's iteration skips
-    those samples (no data is read for them), on as many ranks as there are now.
+    those batches (no data is read for them), on as many ranks as there are now.
     A DistributedSampler gets the epoch before the order is drawn.
 
     A dataset that reads per sample is read through `SeededSamples`: what
@@ -356,6 +314,14 @@ class ResumableLoader(DataLoader):
     so a resumed run augments as the uninterrupted one did, with any number of
     workers. `seed_samples=False` leaves the draws to each process's generators.
     (Data in memory, `is_in_memory`, draws nothing and is read as it is.)
+
+    A `batch_sampler` of your own is dealt out to the processes a batch at a
+    time (`RankBatches`). An `IterableDataset` (a stream) is read through
+    `EpochStream`: told its epoch (`set_epoch`, if it has one) in every process
+    that reads it, its draws seeded by (seed, epoch, rank, worker); a stream
+    cannot seek, so a resumed epoch reads its first batches again and drops
+    them. A stream shards itself among workers and processes, and every
+    process's stream must give as many batches.
 
     Why not torchdata's StatefulDataLoader: it re-implements the DataLoader's
     iterators for each torch release, adds a dependency, does not cover the
@@ -378,14 +344,26 @@ class ResumableLoader(DataLoader):
         if isinstance(dataset, SeededSamples):  # rebuilt from its own attributes (Lightning)
             given["dataset"], given["collate_fn"] = dataset.dataset, dataset.collate_fn
             dataset = dataset.dataset
-        if (
+        if isinstance(dataset, EpochStream):
+            given["dataset"] = dataset = dataset.dataset
+        rank, self.world = process_rank()
+        if isinstance(dataset, IterableDataset):
+            given["dataset"] = EpochStream(dataset, rank, seeded=seed_samples)
+        elif (
             seed_samples
             and given.get("batch_size", 1) is not None  # batches, not one sample at a time
-            and not isinstance(dataset, IterableDataset)
             and not is_in_memory(dataset)
         ):
             collate = given.get("collate_fn") or default_collate
             given["dataset"], given["collate_fn"] = SeededSamples(dataset, collate), _as_sliced
+        batches = given.get("batch_sampler")
+        if is_yours(batches):
+            # One that splits itself among the processes (it says how many) is left to it.
+            splits_itself = getattr(batches, "num_replicas", 1) == self.world > 1
+            given["batch_sampler"] = RankBatches(batches, self.world, rank, not splits_itself)
+        # What Lightning reads as the sampler: the dealt-out batches, when they are.
+        dealt = given.get("batch_sampler")
+        self._dealt = dealt if isinstance(dealt, RankBatches) else None
         order = torch.Generator()
         if given.get("shuffle") and given.get("sampler") is None:
             # The order's own generator: the workers' seed is drawn from the loader's
@@ -408,9 +386,29 @@ class ResumableLoader(DataLoader):
         self._skip = 0
 
     @property
+    def sampler(self) -> Any:  # what torch and Lightning read; `RankBatches` when dealt out
+        return self._sampler if self._dealt is None else self._dealt
+
+    @sampler.setter
+    def sampler(self, value: Any) -> None:  # (DataLoader.__init__ sets it once)
+        self._sampler = value
+
+    @property
+    def order(self) -> str:
+        """How the training order is made, which decides what a resume on another number of
+        processes can keep: "global" (`GlobalOrder`: each step's samples on any number),
+        "batches" (a batch sampler of yours, dealt out), "stream" (an IterableDataset,
+        split by itself) or "sampler" (any other)."""
+        if isinstance(self.dataset, EpochStream):
+            return "stream"
+        if isinstance(self.sampler, RankBatches):
+            return "batches"
+        return "global" if isinstance(self.sampler, GlobalOrder) else "sampler"
+
+    @property
     def world_batch(self) -> int:
-        """The samples of one batch of every rank together."""
-        return (self.batch_size or 1) * getattr(self.sampler, "num_replicas", 1)
+        """The samples of one batch of every rank together (batches, for a batch sampler)."""
+        return (self.batch_size or 1) * (getattr(self.sampler, "num_replicas", 0) or self.world)
 
     def resume_at(self, seed: int, epoch: int, samples: int) -> None:
         """Start the next iteration `samples` samples (of all ranks) into `epoch`, in
@@ -435,6 +433,8 @@ class ResumableLoader(DataLoader):
         if callable(set_epoch):  # before the order is drawn (Lightning sets it after)
             set_epoch(self.epoch)
         self._told = getattr(self.sampler, "epoch", None)
+        if isinstance(self.dataset, EpochStream):
+            self.dataset.tell(self.seed, self.epoch)
         return skip
 
     @property
@@ -446,7 +446,10 @@ class ResumableLoader(DataLoader):
         return self._skipping
 
     def __iter__(self):
-        self._skip = self._start_epoch()
+        skip = self._start_epoch()
+        if isinstance(self.dataset, EpochStream):  # a stream cannot seek: read, then drop
+            return itertools.islice(super().__iter__(), skip, None)
+        self._skip = skip
         try:
             return super().__iter__()
         finally:
@@ -576,6 +579,11 @@ def fold_splits(splits: dict[str, Dataset], fold: int, folds: int, seed: int) ->
             f" make_splits() returned {sorted(splits)}"
         )
     train, val = splits["train"], splits["val"]
+    if isinstance(train, IterableDataset) or isinstance(val, IterableDataset):
+        raise ValueError(
+            f"data.folds={folds}: folds are cut from map-style 'train' and 'val' splits;"
+            " make_splits() returned a stream (an IterableDataset): leave data.folds at 1"
+        )
     if isinstance(train, Subset) and isinstance(val, Subset) and train.dataset is val.dataset:
         pool = Subset(train.dataset, [*train.indices, *val.indices])  # one dataset, sliceable
     else:
@@ -599,8 +607,10 @@ class SplitDataModule(LightningDataModule):
     """A LightningDataModule made of named splits, with loader settings from the machine.
 
     Subclasses return `{"train": ..., "val": ..., "test": ...}` from
-    `make_splits()`; any `Dataset` works. Define a `collate_fn(self, samples)`
-    method to batch samples your own way (padding, dicts). `predict` reads the
+    `make_splits()`; any `Dataset` works, a stream (an `IterableDataset`) too:
+    it is read in its own order, told its epoch (`ResumableLoader`). Define a
+    `collate_fn(self, samples)` method to batch samples your own way (padding,
+    dicts). `predict` reads the
     split named by `predict_split`. With `on_device` None (the default), splits
     of tensors are sliced a batch at a time and, on a CUDA device where they take
     under a quarter of the free memory, kept there; True keeps them on the
@@ -712,6 +722,7 @@ class SplitDataModule(LightningDataModule):
         settings = self.loader_settings
         assert settings is not None  # setup() resolved them
         dataset = self.splits[split]
+        shuffle = shuffle and not isinstance(dataset, IterableDataset)  # a stream orders itself
         # A shuffled (training) order ends each epoch on a whole optimizer step.
         trainer = self.trainer
         accumulate = trainer.accumulate_grad_batches if shuffle and trainer else 1

@@ -179,14 +179,18 @@ def params_of(
         dtype = weight_dtype if weight_dtype and t.is_floating_point() else t.dtype
         return dtype.itemsize
 
-    params = []
+    # A frozen weight is counted as trained: a fine-tune may unfreeze it (and its optimizer
+    # then keeps state for it, as for the first group's weights).
+    first = next(iter(by_param.values()), 2) if optimizers else state_slots(ASSUMED_OPTIMIZER)
+    params, frozen = [], 0
     for p in model.parameters():
         if optimizers:
-            slots = by_param.get(id(p), 0)  # not in any optimizer: no state
-            slots = 2 if slots is None else slots
+            slots = by_param.get(id(p), first if not p.requires_grad else 0)
+            slots = 2 if slots is None else slots  # not in any optimizer and trained: none
         else:
             slots = state_slots(ASSUMED_OPTIMIZER)
-        params.append(Param(tuple(p.shape), itemsize(p), p.requires_grad, slots or 0))
+        frozen += 0 if p.requires_grad else math.prod(p.shape)
+        params.append(Param(tuple(p.shape), itemsize(p), True, slots or 0))
     buffers = sum(math.prod(b.shape) * itemsize(b) for b in model.buffers())
     names = []
     for optimizer in optimizers or []:
@@ -194,11 +198,13 @@ def params_of(
         if any(g.get("momentum") for g in optimizer.param_groups) and name in ("SGD", "RMSprop"):
             name += "+momentum"
         names.append(name)
-    if not optimizers:
-        facts = OptimizerFacts(f"{ASSUMED_OPTIMIZER} (assumed)", None)
-    elif unknown:
-        note = f"{', '.join(unknown)}: state not known to the kit, 2 slots assumed as AdamW"
-        facts = OptimizerFacts(" + ".join(names), note)
-    else:
-        facts = OptimizerFacts(" + ".join(names), None)
-    return params, buffers, facts
+    notes = []
+    if optimizers and unknown:
+        notes.append(f"{', '.join(unknown)}: state not known to the kit, 2 slots assumed as AdamW")
+    if frozen:
+        notes.append(
+            f"{frozen:,} frozen weights counted with gradients and optimizer state:"
+            " a fine-tune may unfreeze them"
+        )
+    name = " + ".join(names) if optimizers else f"{ASSUMED_OPTIMIZER} (assumed)"
+    return params, buffers, OptimizerFacts(name, "; ".join(notes) or None)

@@ -102,7 +102,13 @@ def batchnorm_advice(
 
     Off CUDA there is no SyncBatchNorm to suggest (the CLI already said it is off).
     """
-    norms = [m for m in model.modules() if isinstance(m, BATCH_NORMS)]
+    # Those that normalise by the batch: one in eval mode (a frozen backbone's) uses its
+    # running statistics, whatever the batch.
+    norms = [
+        m
+        for m in model.modules()
+        if isinstance(m, BATCH_NORMS) and (m.training or not m.track_running_stats)
+    ]
     if not norms:
         return None
     synced = all(isinstance(m, nn.SyncBatchNorm) for m in norms)
@@ -193,6 +199,7 @@ class TrainingHealth(Callback):
         self.summary: dict[str, Any] = {}
         self._device_clock = False
         self._loaded: dict[str, Any] | None = None
+        self._advised = False  # the BatchNorm advice given, once a fit
         self._reset()
 
     def _reset(self) -> None:
@@ -243,6 +250,7 @@ class TrainingHealth(Callback):
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._reset()
+        self._advised = False
         loaded, self._loaded = self._loaded, None
         if loaded and trainer.ckpt_path:
             for name in self.COUNTERS:
@@ -255,7 +263,9 @@ class TrainingHealth(Callback):
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
 
-    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+    def _advise(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """BatchNorm's advice, with the modes the model trains in (its hooks have run)."""
+        self._advised = True
         advice = batchnorm_advice(
             pl_module,
             trainer.world_size,
@@ -271,6 +281,8 @@ class TrainingHealth(Callback):
         self._ready = self._now()
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if not self._advised:
+            self._advise(trainer, pl_module)
         if self.steps == 0 and self.flops_per_batch is None and not is_compiled(pl_module):
             # Count the first step's FLOPs as it runs: no extra forward, nothing to copy.
             self._counter = FlopCounterMode(display=False)
@@ -341,6 +353,7 @@ class TrainingHealth(Callback):
             ),
             "peak_memory_mib": peaks,
             "effective_batch_size": loader_facts(trainer)["effective_batch_size"],
+            "batch_sampler": loader_facts(trainer)["batch_sampler"],
             **saving(trainer),
         }
 
@@ -405,6 +418,8 @@ class TrainingHealth(Callback):
             parts.append(f"peak memory per device: {peaks}")
         if facts["effective_batch_size"]:
             parts.append(f"effective batch {facts['effective_batch_size']}")
+        elif facts.get("batch_sampler"):
+            parts.append(f"effective batch as {facts['batch_sampler']} makes them")
         if facts.get("background_saves"):
             parts.append(
                 f"{facts['background_saves']} checkpoints written in the background, the steps"

@@ -29,10 +29,18 @@ class Hint:
 
 def _oom_details(context: dict[str, Any]) -> list[str]:
     batch = context.get("batch_size")
-    if not batch:
-        return []
     precision = context.get("precision") or "32-true"
     accumulate = context.get("accumulate_grad_batches") or 1
+    sampler = context.get("batch_sampler")
+    if sampler:  # a batch sampler of yours sizes each batch (data.batch_size: not these)
+        return [
+            f"In use: batches as {sampler} makes them, --trainer.precision {precision},"
+            f" --trainer.accumulate_grad_batches {accumulate}.",
+            f"Try: batches half the size from {sampler}, --trainer.accumulate_grad_batches"
+            f" {accumulate * 2} (same effective batch, half the activations)",
+        ]
+    if not batch:
+        return []
     half = max(1, batch // 2)
     lines = [
         f"In use: --data.batch_size {batch} per device, --trainer.precision {precision},"

@@ -318,13 +318,14 @@ def _tracked_peak(model: nn.Module, batch: Any, step: Callable, autocast: torch.
 
     # MemTracker refuses a module called again outside any other module's forward (a
     # GAN's discriminator, on real then generated samples, straight from the step)
-    # unless its per-module figures are cleared first; the step's peak, all that is
-    # read here, is kept. `depth` counts the forwards running.
+    # unless its figures are gone: that module's are dropped (not every module's, which
+    # a backward still to come may read). The step's peak, all that is read here, is
+    # kept. `depth` counts the forwards running.
     depth = [0]
 
     def entered(module: nn.Module, args: Any) -> None:
         if depth[0] == 0 and module in tracker.memory_tracking:
-            tracker.reset_mod_stats()
+            del tracker.memory_tracking[module]
         depth[0] += 1
 
     def left(module: nn.Module, args: Any, output: Any) -> None:
@@ -410,8 +411,16 @@ def _fake_peak(model, batch, step, weights, autocast) -> int:
 
 
 def _meta_copy(model: nn.Module, weights: torch.dtype | None) -> nn.Module:
-    """A copy of the (meta) model to run, its weights in `weights` (true-half precision)."""
+    """A copy of the (meta) model to run, its weights in `weights` (true-half precision).
+
+    Its frozen weights become buffers: MemTracker hooks the gradient of every parameter,
+    and a frozen one takes no hook; a frozen weight's step is the same either way."""
     model = copy.deepcopy(model)
+    for module in model.modules():
+        for name, parameter in list(module.named_parameters(recurse=False)):
+            if not parameter.requires_grad:
+                delattr(module, name)
+                module.register_buffer(name, parameter.detach(), persistent=False)
     return model.to(weights) if weights is not None else model
 
 

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import nn
 
 from .callbacks import train_loaders
@@ -92,6 +93,8 @@ def positions(trainer: Trainer) -> list[dict[str, int] | None]:
             "seed": loader.seed,
             "epoch": loader.epoch + epochs_on,
             "samples": batches * loader.world_batch,
+            "order": loader.order,
+            "workers": loader.num_workers,  # a stream's order is its workers'
         }
         if isinstance(loader, ResumableLoader)
         else None
@@ -99,12 +102,41 @@ def positions(trainer: Trainer) -> list[dict[str, int] | None]:
     ]
 
 
+# Why the steps of a resume on another number of processes train other samples, by how
+# the training order was made (`ResumableLoader.order`; None: no position was kept).
+OTHER_SAMPLES = {
+    "stream": "the training stream splits itself among the processes",
+    "batches": "your batch sampler is dealt out to the processes a batch at a time",
+    "sampler": "the training sampler is not the kit's GlobalOrder",
+    None: "the training DataLoader keeps no position",
+}
+
+
+def orders_of(saved: Mapping[str, Any]) -> set[str | None]:
+    """How the saved training loaders made their orders (a checkpoint from before the
+    kit said so: "global", the one order it then kept)."""
+    return {
+        position.get("order", "global") if position else None
+        for position in saved.get("loaders") or [None]
+    }
+
+
+def same_samples(saved: Mapping[str, Any]) -> str | None:
+    """None where every step on another number of processes trains the samples it did,
+    else why not."""
+    reasons = [OTHER_SAMPLES[order] for order in orders_of(saved) if order != "global"]
+    return reasons[0] if reasons else None
+
+
 def batch_size(trainer: Trainer) -> int | None:
-    """The per-device batch size of the fit: its training loader's once built, else its
-    DataModule's (or model's) `batch_size`; None where neither says."""
+    """The per-device batch size of the fit: its training loader's once built (1 where a
+    batch sampler of yours sizes each batch: a batch is the unit), else its DataModule's
+    (or model's) `batch_size`; None where neither says."""
     for loader in train_loaders(trainer):
         if getattr(loader, "batch_size", None):
             return loader.batch_size
+        if getattr(loader, "order", None) == "batches":
+            return 1
     for holder in (trainer.datamodule, trainer.lightning_module):
         size = getattr(holder, "batch_size", None)
         if isinstance(size, int):
@@ -193,6 +225,8 @@ class ResumeState(Callback):
             "precision": str(trainer.precision),
             "random_states": every,
             "loaders": positions(trainer),
+            "frozen": frozen(trainer.lightning_module),
+            "untracked": untracked(trainer.lightning_module),
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -212,7 +246,9 @@ class ResumeState(Callback):
         if trainer.state.fn != "fit" or not saved or not saved.get("batch_size"):
             return
         world, size, accumulate = saved["world_size"], saved["batch_size"], saved["accumulate"]
-        now, size_now = trainer.world_size, batch_size(trainer) or size
+        # (The loaders are not built yet: a batch sampler of yours counts in batches.)
+        by_batches = "batches" in orders_of(saved)
+        now, size_now = trainer.world_size, 1 if by_batches else batch_size(trainer) or size
         given = accumulate_now = trainer.accumulate_grad_batches
         global_batch = size * world * accumulate
         if self.keep_global_batch:
@@ -230,13 +266,15 @@ class ResumeState(Callback):
         whole = adjusted_counts(progress, size * world, size_now * now)
         line = (
             f"saved by {processes(world)}, resumed by {now}: the global batch was {global_batch}"
-            f" ({size} per device x {world} x {accumulate}), is"
+            f"{' batches' if by_batches else ''} ({size} per device x {world} x {accumulate}), is"
             f" {size_now * now * accumulate_now} ({size_now} x {now} x {accumulate_now})"
         )
-        if size_now * now * accumulate_now == global_batch and whole:
+        other = same_samples(saved)
+        if size_now * now * accumulate_now == global_batch and whole and other is None:
             line += "; each step trains the same samples, summed in another order (float precision)"
         else:
             line += "; the steps from here train other samples than an uninterrupted run"
+            line += f" ({other})" if other and world != now else ""
         self._notes.append(line)
         if world != now:
             self._notes += [
@@ -254,10 +292,18 @@ class ResumeState(Callback):
             if isinstance(loader, ResumableLoader) and position:
                 if "batches" in position:  # written before positions were global
                     position = {**position, "samples": position.pop("batches") * loader.world_batch}
+                position = {key: position[key] for key in ("seed", "epoch", "samples")}  # where
                 loader.resume_at(**position)
                 moved = True
         if moved:  # Lightning made the loaders' iterators before: make them again
             restart_train_iteration(trainer)
+        if self._pending and "frozen" in self._pending:
+            # Which weights train, and which BatchNorm layers keep statistics, is the run's
+            # state too (a fine-tune that unfroze some, as Lightning's BaseFinetuning does,
+            # whose setup freezes them all again): as saved, before this epoch's hooks run.
+            set_frozen(pl_module, self._pending["frozen"], self._pending.get("untracked", []))
+        if trainer.fit_loop.restarted_mid_epoch:
+            replay_epoch_start(trainer, pl_module)
         for line in self.inexact(trainer, loaders):
             rank_zero_info(f"resume: {line}")
 
@@ -284,6 +330,15 @@ class ResumeState(Callback):
                     f"saved with {key} {saved[key]}, resumed with {now}: the numbers differ"
                     " from an uninterrupted run from here on"
                 )
+        positions = (saved or {}).get("loaders") or []
+        for loader, position in zip(loaders, positions, strict=False):
+            was = (position or {}).get("workers", loader.num_workers)
+            if getattr(loader, "order", None) == "stream" and was != loader.num_workers:
+                lines.append(
+                    f"the training stream was read by {was} loader workers, now"
+                    f" {loader.num_workers}: each worker reads its own part of it, so its"
+                    " batches come in another order than an uninterrupted run's"
+                )
         for loader in loaders:
             if not isinstance(loader, ResumableLoader) and not (
                 callable(getattr(loader, "state_dict", None)) and hasattr(loader, "load_state_dict")
@@ -297,8 +352,16 @@ class ResumeState(Callback):
                 loader.dataset
             ):
                 lines.append(
-                    "the training data is read with seed_samples off: random augmentation in"
-                    " its __getitem__ draws other numbers than an uninterrupted run's"
+                    "the training data is read with seed_samples off: random augmentation as it"
+                    " is read draws other numbers than an uninterrupted run's"
+                )
+            elif loader.order == "stream" and not callable(
+                getattr(loader.dataset, "set_epoch", None)
+            ):
+                lines.append(
+                    f"the training stream {type(loader.dataset.dataset).__name__} has no"
+                    " set_epoch(epoch): an order it keeps from one epoch to the next starts"
+                    " again here; give it set_epoch to order each epoch by its number"
                 )
         on_cuda = trainer.strategy.root_device.type == "cuda"
         if on_cuda and not torch.are_deterministic_algorithms_enabled():
@@ -315,6 +378,54 @@ class ResumeState(Callback):
             set_random_states(
                 saved["random_states"][trainer.global_rank], trainer.strategy.root_device
             )
+
+
+def frozen(module: nn.Module) -> list[str]:
+    """The names of the module's parameters that do not train now (requires_grad False)."""
+    return [name for name, parameter in module.named_parameters() if not parameter.requires_grad]
+
+
+def untracked(module: nn.Module) -> list[str]:
+    """The names of the module's BatchNorm layers that keep no running statistics now
+    (a frozen one, as BaseFinetuning freezes them), of those built to keep them."""
+    return [
+        name
+        for name, layer in module.named_modules()
+        if isinstance(layer, BATCH_NORMS)
+        and layer.running_mean is not None
+        and not layer.track_running_stats
+    ]
+
+
+def set_frozen(module: nn.Module, names: list[str], untracked: list[str]) -> None:
+    """Make `names` the module's parameters that do not train, and `untracked` its
+    BatchNorm layers that keep no running statistics; the others train and keep them."""
+    still = set(names)
+    for name, parameter in module.named_parameters():
+        parameter.requires_grad_(name not in still)
+    for name, layer in module.named_modules():
+        if isinstance(layer, BATCH_NORMS) and layer.running_mean is not None:
+            layer.track_running_stats = name not in untracked
+
+
+def replay_epoch_start(trainer: Trainer, pl_module: LightningModule) -> None:
+    """Call the `on_train_epoch_start` of your code (the LightningModule's, your callbacks')
+    again in an epoch resumed half-way, where Lightning calls it only at an epoch's start:
+    what it sets (an unfrozen block, BatchNorm kept in eval mode, a schedule) holds for
+    the rest of the epoch as it did in the uninterrupted run."""
+    yours = type(pl_module).__module__.partition(".")[0]
+    called = []
+    if is_overridden("on_train_epoch_start", pl_module):
+        pl_module.on_train_epoch_start()
+        called.append(type(pl_module).__name__)
+    for callback in trainer.callbacks:
+        hook = type(callback).on_train_epoch_start
+        if hook is not Callback.on_train_epoch_start and hook.__module__.startswith(f"{yours}."):
+            callback.on_train_epoch_start(trainer, pl_module)
+            called.append(type(callback).__name__)
+    if called:
+        hooks = ", ".join(f"{name}.on_train_epoch_start" for name in called)
+        rank_zero_info(f"Resumed in the middle of epoch {trainer.current_epoch}: ran {hooks} again")
 
 
 def processes(count: int) -> str:

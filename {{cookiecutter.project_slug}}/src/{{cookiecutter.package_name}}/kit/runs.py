@@ -26,6 +26,7 @@ from lightning.pytorch.loggers.logger import DummyLogger, rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_info
 
 from .internals import filesystem, open_experiment, set_experiment
+from .schedules import ending_schedules
 
 # What `test --ckpt_path` measured, in the run it tested, by checkpoint file.
 TEST_METRICS = "test_metrics.json"
@@ -248,6 +249,8 @@ class DiscardFailedStart(Callback):
         self, trainer: Trainer, pl_module: LightningModule, exception: BaseException
     ) -> None:
         trained = self._stage == "fit" and trainer.global_step > 0
+        if self._run is None and self.new_run and trainer.is_global_zero and not self._stage:
+            self._run = run_directory(trainer)  # a DataModule's setup failed: before this one's
         # (A W&B run's directory appears with its first checkpoint, its record at once.)
         if self._run is None or trained:
             return
@@ -331,6 +334,10 @@ class FitResult(Callback):
             parts.append(f"curves: {curves}")
         further = ""
         if trainer.max_epochs and trainer.current_epoch >= trainer.max_epochs:
+            ending = [name for name, _, _ in ending_schedules(trainer)]
+            if ending:  # a schedule built for this run's steps ends with it
+                parts.append(f"its {ending[0]} ends with this run: train further in a new one")
+                return " | ".join(parts)
             further = f" --trainer.max_epochs {2 * trainer.max_epochs}"
         if type(trainer.strategy).__name__ == "FSDP2Strategy":  # its checkpoints are shards
             further += " --fsdp.enabled true"
