@@ -1,5 +1,7 @@
 """What a user does after rendering: install it, run its command, run its tests."""
 
+import json
+import os
 import re
 import subprocess
 import sys
@@ -134,6 +136,34 @@ def test_a_one_line_change_to_the_models_forward_fails_the_numerics_test(tmp_pat
         "If that is meant: `pytest tests/kit/test_numerics.py --record-numerics`, and commit"
         " tests/numerics.json"
     )
+
+
+@pytest.mark.slow
+def test_a_model_of_another_class_is_recorded_outside_ci_and_named_in_ci(tmp_path):
+    """The example replaced by a model of another class (renamed here): a first `pytest`
+    records its numbers and says so; under CI (the CI variable set) it fails instead, with
+    the command that records them."""
+    project = render(tmp_path)
+    package = project / "src" / "my_lightning_project"
+    for name in ("model.py", "project.py"):
+        path = package / name
+        path.write_text(path.read_text().replace("DigitsClassifier", "MyClassifier"))
+    test = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0"]
+    numerics = [*test, "tests/kit/test_numerics.py::test_the_models_numbers_are_the_recorded_ones"]
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    ci = subprocess.run(
+        numerics, cwd=project, capture_output=True, text=True, env={**env, "CI": "true"}
+    )
+    assert ci.returncode == 1, ci.stdout[-3000:]
+    assert "records model.DigitsClassifier, project.py names model.MyClassifier" in ci.stdout
+    assert "`pytest tests/kit/test_numerics.py --record-numerics`, and commit" in ci.stdout
+    local = subprocess.run(numerics, cwd=project, capture_output=True, text=True, env=env)
+    assert local.returncode == 0, local.stdout[-3000:]
+    assert "project.py names model.MyClassifier, whose numbers it now records" in local.stdout
+    record = json.loads((project / "tests" / "numerics.json").read_text())
+    assert record["model"] == "model.MyClassifier"
+    again = subprocess.run(numerics, cwd=project, capture_output=True, text=True, env=env)
+    assert again.returncode == 0 and "now records" not in again.stdout
 
 
 @pytest.mark.gpu

@@ -1,7 +1,8 @@
 """Replace the example with problems of other shapes; the kit's tests pass unchanged.
 
 Each problem in `replacements/` is what a user writes: `project.py`, `model.py`
-and `data.py`. It is copied into a fresh render, the example's own tests are
+and `data.py`, and configs of its own in `configs/` where it has some. It is
+copied into a fresh render, the example's own tests are
 deleted, and the kit's tests run with no edit anywhere else (its model's numbers
 recorded in place of the example's, as the README says): the quick ones,
 and the slow ones that touch what differs from the example (a fit to the
@@ -24,6 +25,7 @@ REPLACEMENTS = Path(__file__).parent / "replacements"
 USER_FILES = ("project.py", "model.py", "data.py")
 RESUME = "tests/kit/test_resume.py"
 STOPPED_MID_EPOCH = "test_with_any_loader_workers_a_run_stopped_mid_epoch_resumes_exactly"
+OTHER_NUMBER = "test_a_run_resumed_on_another_number_of_processes_trains_the_same_samples"
 # Each problem: the project name it is rendered under, and, beyond the quick tests,
 # the slow kit tests that put its traits to work.
 PROBLEMS = {
@@ -58,6 +60,48 @@ PROBLEMS = {
             "tests/kit/test_bench.py::test_bench_measures_the_project_and_writes_nothing",
         ],
     ),
+    # A stream split by loader workers and ranks: each rank its own share of each epoch,
+    # a SIGKILL mid-epoch resumed exactly (the stream read again up to where it stopped),
+    # and 2 processes to 1 said to train other samples.
+    "stream": (
+        "Signal Stream",
+        [
+            "tests/kit/test_ddp.py",
+            f"{RESUME}::{STOPPED_MID_EPOCH}[SIGKILL-2 workers]",
+            f"{RESUME}::{OTHER_NUMBER}[2 to 1]",
+        ],
+    ),
+    # A batch sampler of the user's, dealt out to the ranks: none of its batches on two
+    # ranks; a SIGTERM mid-epoch resumed exactly; 1 process to 2 said to differ.
+    "buckets": (
+        "Point Sets",
+        [
+            "tests/kit/test_ddp.py",
+            f"{RESUME}::{STOPPED_MID_EPOCH}[SIGTERM-no workers]",
+            f"{RESUME}::{OTHER_NUMBER}[1 to 2]",
+        ],
+    ),
+    # A frozen backbone, its last block unfrozen at epoch 1 by Lightning's BaseFinetuning,
+    # two validation loaders, Lightning's EMA in configs/default.yaml: the ranks' weights
+    # alike under DDP, resumes in the unfreezing epoch exact, FSDP refused in one line.
+    "finetune": (
+        "Blob Tuner",
+        [
+            "tests/kit/test_ddp.py",
+            f"{RESUME}::{STOPPED_MID_EPOCH}[SIGTERM-no workers]",
+            f"{RESUME}::test_an_in_process_fit_stopped_and_resumed_is_exact[dropout mid-epoch]",
+            "tests/kit/test_fsdp.py::test_a_refusal_on_every_rank_is_one_line_for_the_job",
+        ],
+    ),
+    # OneCycleLR over the Trainer's estimated steps: resumed exactly mid-epoch and at an
+    # epoch's end, under DDP on its own share; continuing past its steps refused in a line.
+    "onecycle": (
+        "Tumour Cycle",
+        [
+            "tests/kit/test_ddp.py",
+            f"{RESUME}::test_an_in_process_fit_stopped_and_resumed_is_exact",
+        ],
+    ),
 }
 # The problems whose Project.dynamic_dims frees the sequence length: their .pt2 and .onnx
 # exports run on sequences of another length (replacements/other_length.py checks).
@@ -78,6 +122,8 @@ def port(tmp_path: Path, problem: str) -> Path:
     (package,) = [p for p in (project / "src").iterdir() if (p / "__main__.py").is_file()]
     for file in USER_FILES:
         shutil.copy(REPLACEMENTS / problem / file, package / file)
+    for config in (REPLACEMENTS / problem).glob("configs/*.yaml"):  # the user's configs
+        shutil.copy(config, project / "configs" / config.name)
     (project / "tests" / "test_example.py").unlink()
     return project
 
@@ -116,5 +162,10 @@ def test_the_kit_tests_pass_for_another_problem(tmp_path, problem):
         assert counts(results[1].stdout)["passed"] >= len(slow), results[1].stdout[-2000:]
     # Skips only for a GPU, or with a reason that names what the problem lacks.
     skipped = re.findall(r"SKIPPED \[\d+\] \S+: (.*)", "\n".join(r.stdout for r in results))
-    known = ("needs a CUDA device", "the step reads tensor values", "this project's network is")
+    known = (
+        "needs a CUDA device",
+        "the step reads tensor values",
+        "this project's network is",
+        "the project's",  # what it keeps, which a config refuses in one line
+    )
     assert all(reason.startswith(known) for reason in skipped), skipped

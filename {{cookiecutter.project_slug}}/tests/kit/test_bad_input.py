@@ -148,3 +148,53 @@ def test_a_project_py_the_kit_cannot_run_is_one_line(args, workdir, monkeypatch,
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: project.py: Project.mode='maximum': expected 'min' or 'max'"]
     assert not made_a_run(workdir)
+
+
+def test_a_checkpoint_of_another_project_names_the_arguments(trained_checkpoint, workdir, capfd):
+    """Hyperparameters the model does not take: another project's model, said as such
+    (not as a flag the command does not accept)."""
+    state = torch.load(trained_checkpoint, map_location="cpu", weights_only=True)
+    state["hyper_parameters"] = {"vocabulary": 5000, "heads": 8}
+    torch.save(state, workdir / "theirs.ckpt")
+    for subcommand in ("fit", "test"):
+        assert command([subcommand, "--ckpt_path=theirs.ckpt"]) == 2
+        err = capfd.readouterr().err
+        (line,) = [line for line in err.splitlines() if line.startswith("error: ")]
+        assert "holds another model: its hyperparameters heads, vocabulary are not" in line
+        assert f"arguments of {PROJECT.model.__name__}" in line and "Traceback" not in err
+    assert not made_a_run(workdir)
+
+
+def test_a_missing_data_file_is_one_line_naming_where(workdir, capfd, monkeypatch):
+    """A file the DataModule reads that is not there: the input, not a bug; the line names
+    the file and the project's line that read it, and no run is left behind."""
+
+    def reads_a_file(self, stage=None):
+        open("data/absent.csv")  # noqa: SIM115  (it fails)
+
+    monkeypatch.setattr(PROJECT.datamodule, "setup", reads_a_file)
+    assert command(["fit"]) == 2
+    err = capfd.readouterr().err
+    (line,) = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert "No such file or directory: 'data/absent.csv'" in line
+    assert "(raised in test_bad_input.py:" not in line and "Traceback" not in err
+    assert not made_a_run(workdir)
+
+
+def test_a_loader_worker_that_cannot_take_the_dataset_says_what_to_do(workdir, capfd, monkeypatch):
+    """A fork server hands a worker each tensor of the dataset as a file descriptor, a few
+    hundred at most: past that, one line on what to do."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class HandedOver(DataLoader):
+        def __iter__(self):  # as Python's fork server refuses a dataset of many tensors
+            raise ValueError("too many fds")
+
+    def loader(self):
+        return HandedOver(TensorDataset(torch.zeros(4, 1)))
+
+    monkeypatch.setattr(PROJECT.datamodule, "train_dataloader", loader)
+    assert command(["fit"]) == 1
+    err = capfd.readouterr().err
+    (line,) = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert "could not be handed the dataset (too many fds)" in line and "Traceback" not in err

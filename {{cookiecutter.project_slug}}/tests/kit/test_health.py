@@ -175,7 +175,9 @@ def test_accumulating_a_batchnorm_model_warns_once():
 
     class FrozenBatchNorm(WithBatchNorm):  # a fine-tune keeps it in eval mode
         def on_train_epoch_start(self) -> None:
-            self.layer[1].eval()
+            for module in self.modules():
+                if isinstance(module, torch.nn.BatchNorm1d):
+                    module.eval()
 
     clock = FakeClock()
     with warnings.catch_warnings(record=True) as caught:

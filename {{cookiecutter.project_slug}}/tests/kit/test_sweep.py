@@ -22,6 +22,7 @@ import pytest
 import yaml
 from optuna.trial import FixedTrial, TrialState
 from support import (
+    CONFIGS,
     PROJECT,
     SRC,
     batches_of,
@@ -77,6 +78,17 @@ def study_in(folder: Path, name: str = "space") -> optuna.Study:
     """The study a sweep in `folder` made in its default storage."""
     storage = f"sqlite:///{folder / 'sweeps' / name / 'study.db'}"
     return optuna.load_study(study_name=name, storage=storage)
+
+
+def test_the_space_is_the_projects_from_any_folder(workdir):
+    """As fit finds configs/default.yaml from the project, sweep finds configs/sweep.yaml:
+    run from another folder, with no --space, it searches the project's own."""
+    if not (CONFIGS / "sweep.yaml").is_file():
+        pytest.skip("the project has no configs/sweep.yaml")
+    options, fit_args = parse([])
+    sweep = Sweep(options, fit_args, PROJECT)
+    assert sweep.space == read_space(CONFIGS / "sweep.yaml") and sweep.name == "sweep"
+    assert not (workdir / "configs").exists()
 
 
 def test_a_space_file_gives_each_flag_its_distribution(tmp_path):

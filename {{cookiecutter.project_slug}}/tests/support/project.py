@@ -44,4 +44,3 @@ def whole_copies() -> str | None:
     trainer = main(["--trainer.logger=false"], run=False).trainer
     kinds = WeightAveraging | StochasticWeightAveraging
     return next((type(c).__name__ for c in trainer.callbacks if isinstance(c, kinds)), None)
-

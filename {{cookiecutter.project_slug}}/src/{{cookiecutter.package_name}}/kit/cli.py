@@ -672,17 +672,9 @@ def run(args: list[str] | None, project: Project) -> int:
     except RuntimeError as error:
         mismatch = state_dict_mismatch(error)
         if mismatch is None:
-            return _failed(error, project.command)
+            return _failed(error, project)
         print(f"{_rank()}error: {mismatch}", file=sys.stderr)
         return 2
-    except FileNotFoundError as error:  # a data file that is not there: the input, not a bug
-        print(f"{_rank()}error: {error}{raised_in(error, project)}", file=sys.stderr)
-        return 2
-    except ValueError as error:
-        if "too many fds" not in str(error):
-            return _failed(error, project.command)
-        print(f"{_rank()}error: {TOO_MANY_FDS}", file=sys.stderr)
-        return 1
     except SIGTERMException as stop:
         if getattr(stop, "run_context", {}).get("finished"):
             return 0  # the run had trained all it was to when the signal came
@@ -690,8 +682,23 @@ def run(args: list[str] | None, project: Project) -> int:
         print(f"{_rank()}stopped by {by}; resume with `fit --ckpt_path last`", file=sys.stderr)
         return 143
     except Exception as error:
-        return _failed(error, project.command)
+        return _failed(error, project)
     return 0
+
+
+def one_line(error: BaseException, project: Project) -> tuple[str, int] | None:
+    """(the line, the exit code) for an error of the input or the machine that needs no
+    traceback: a file that is not there (2), a loader worker that cannot be handed the
+    dataset (1). Looked for along the chain of errors: Lightning's teardown may raise one
+    of its own over it."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, FileNotFoundError):  # a data file: the input, not a bug
+            return f"{seen}{raised_in(seen, project)}", 2
+        if isinstance(seen, ValueError) and "too many fds" in str(seen):
+            return TOO_MANY_FDS, 1
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 # Where a loader worker started by a fork server or spawn (Python 3.14's default on Linux)
@@ -720,13 +727,18 @@ def raised_in(error: BaseException, project: Project) -> str:
     return f" (raised in {Path(where.filename).name}:{where.lineno}, in {where.name})"
 
 
-def _failed(error: Exception, command: str) -> int:
-    """The traceback in full, the error, and the hint for it if there is one; exit code 1."""
+def _failed(error: Exception, project: Project) -> int:
+    """One line and its exit code for an error of the input or the machine (`one_line`);
+    else the traceback in full, the error, and the hint for it if there is one, exit 1."""
+    said = one_line(error, project)
+    if said is not None:
+        print(f"{_rank()}error: {said[0]}", file=sys.stderr)
+        return said[1]
     traceback.print_exception(error)
     print(f"{_rank()}failed: {type(error).__name__}: {error}", file=sys.stderr)
     from .hints import explain  # (only a failure reads them)
 
-    hint = explain(error, command=command)
+    hint = explain(error, command=project.command)
     if hint:
         print(hint, file=sys.stderr)
     return 1

@@ -357,7 +357,7 @@ class ResumableLoader(DataLoader):
             collate = given.get("collate_fn") or default_collate
             given["dataset"], given["collate_fn"] = SeededSamples(dataset, collate), _as_sliced
         batches = given.get("batch_sampler")
-        if is_yours(batches):
+        if batches is not None and is_yours(batches):
             # One that splits itself among the processes (it says how many) is left to it.
             splits_itself = getattr(batches, "num_replicas", 1) == self.world > 1
             given["batch_sampler"] = RankBatches(batches, self.world, rank, not splits_itself)

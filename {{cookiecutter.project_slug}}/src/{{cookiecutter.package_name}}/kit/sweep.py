@@ -83,8 +83,9 @@ def parser(command: str = "<command>") -> argparse.ArgumentParser:
     parser.add_argument(
         "--space",
         type=Path,
-        default=DEFAULT_SPACE,
-        help="YAML file: each flag of fit with its distribution (default: %(default)s)",
+        default=None,
+        help="YAML file: each flag of fit with its distribution (default: the project's"
+        f" {DEFAULT_SPACE}, beside the configs fit reads first)",
     )
     parser.add_argument(
         "--trials",
@@ -487,7 +488,11 @@ class Sweep:
         self.project = project
         self.options = options
         self.fit_args = list(fit_args)
-        self.space = read_space(options.space) if space is None else space
+        space_file = options.space
+        if space_file is None:  # found as fit finds its configs: from the project
+            folder = project.defaults.parent if project.defaults else DEFAULT_SPACE.parent
+            space_file = folder / DEFAULT_SPACE.name
+        self.space = read_space(space_file) if space is None else space
         sharded = fsdp_requested(self.fit_args, project.defaults, self.space)
         if sharded:
             raise SweepError(
@@ -495,7 +500,7 @@ class Sweep:
                 " device, and FSDP shards over several; sweep without it (a smaller model or"
                 " batch), then fit the best config with --config configs/fsdp.yaml"
             )
-        self.name = options.study or options.space.stem
+        self.name = options.study or space_file.stem
         self.folder = self.root / self.name
         self.storage_url = options.storage or f"sqlite:///{(self.folder / 'study.db').as_posix()}"
         if options.sampler == "grid":
