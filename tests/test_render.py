@@ -83,8 +83,8 @@ def expected_files(package: str, answers: dict) -> set[str]:
     answers = {**DEFAULTS, **answers}
     users = "__init__ __main__ data model project"
     kit = (
-        "__init__ callbacks checkpoints cli console data doctor export folder footprint hardware"
-        " health"
+        "__init__ callbacks checkpoints cli console data doctor draws export folder footprint"
+        " hardware health schedules shards unfrozen"
         " hints"
         " bench internals machine memory peaks predict repeat resume runs sharding spec stopping"
         " sweep trial watch collectives"
@@ -96,14 +96,14 @@ def expected_files(package: str, answers: dict) -> set[str]:
         " test_cli test_compile test_data test_ddp test_doctor test_export test_faults"
         " test_gpu test_hardware test_health test_hints test_imports test_internals test_lock"
         " test_model"
-        " test_numerics test_peaks test_repeat test_resume test_runs test_sweep test_syncs"
-        " test_watch"
+        " test_numerics test_peaks test_repeat test_resume test_runs test_streams test_sweep"
+        " test_syncs test_watch"
     )
     support = "__init__ batches fits models processes project readers"
     configs = "accumulate ddp debug default fsdp gpu profile sweep"
     docs = (
-        "install train resume configure gpus bench sweeps doctor troubleshooting testing updates"
-        " defaults"
+        "install train resume data configure gpus bench sweeps doctor troubleshooting testing"
+        " updates defaults"
     )
     files = {
         ".gitignore",

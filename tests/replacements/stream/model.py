@@ -2,7 +2,7 @@
 
 Trained with AdamW in two parameter groups: weight decay on the weights of convolutions and
 linear layers, none on biases and norms. Logs `val/mse` (the monitored metric) and
-`test/mse`. The training data is a stream that shuffles itself: the model tells it the epoch.
+`test/mse`. The training data is a stream that shuffles itself by the epoch the kit tells it.
 """
 
 import torch
@@ -45,14 +45,6 @@ class NextValue(LightningModule):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
-
-    def on_train_epoch_start(self) -> None:
-        # Lightning tells a sampler its epoch, not an IterableDataset: a stream that
-        # reshuffles itself is told here.
-        dataset = getattr(self.trainer.train_dataloader, "dataset", None)
-        set_epoch = getattr(dataset, "set_epoch", None)
-        if callable(set_epoch):
-            set_epoch(self.current_epoch)
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         x, target = batch
