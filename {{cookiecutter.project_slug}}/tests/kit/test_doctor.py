@@ -15,6 +15,7 @@ import torch
 from support import SRC
 
 from {{ cookiecutter.package_name }}.kit import collectives, doctor
+from {{ cookiecutter.package_name }}.kit.resume import same_samples
 
 
 def fake_torch(**overrides) -> dict:
@@ -214,11 +215,18 @@ def test_doctor_says_on_which_processes_and_batches_a_checkpoint_resumes(
     trained_checkpoint, capsys
 ):
     saved = torch.load(trained_checkpoint, weights_only=True)
-    size = saved["callbacks"]["KitCallbacks"]["ResumeState"]["batch_size"]
+    state = saved["callbacks"]["KitCallbacks"]["ResumeState"]
+    size = state["batch_size"]
     assert doctor.main(["--ckpt", str(trained_checkpoint)]) == 0
     out = capsys.readouterr().out
     assert f"global batch {size} = {size} per device x 1 x 1 accumulated" in out
-    assert f"    1: {size} x 1 (as saved: bit for bit)" in out
+    kept = all(state["loaders"])  # a loader that keeps its position: the same run
+    assert f"    1: {size} x 1{' (as saved: the same run)' * kept}\n" in out
+    other = same_samples(state)  # the steps' samples on another number of processes
+    if other is None:
+        assert "on another number, each step trains the same samples" in out
+    else:
+        assert f"the steps train other samples than it would have: {other}" in out
     for processes in (2, 4):  # the example's batch: a power of two
         if size % processes == 0:
             assert f"    {processes}: {size // processes} x 1\n" in out

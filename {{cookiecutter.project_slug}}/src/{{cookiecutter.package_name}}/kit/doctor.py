@@ -431,7 +431,7 @@ def checkpoint_report(path: str, widest: int = 64) -> int:
 
     from .checkpoints import CheckpointError, check_checkpoint
     from .internals import DCP_METADATA
-    from .resume import batch_choices, processes, saved_state
+    from .resume import batch_choices, processes, same_samples, saved_state
 
     try:
         found = check_checkpoint(path)
@@ -452,6 +452,10 @@ def checkpoint_report(path: str, widest: int = 64) -> int:
         f" {saved.get('precision')}: global batch {total} = {size} per device x {world} x"
         f" {accumulate} accumulated"
     )
+    # Where it continues the uninterrupted run: as saved, where it kept the loaders'
+    # positions; on other numbers, where every step's samples are the same on any.
+    kept = all(saved.get("loaders") or [None])
+    other = same_samples(saved)
     print("  resumes with that global batch on (processes: per-device batch x accumulation):")
     for count in range(1, min(total, widest) + 1):
         choices = batch_choices(total, count)
@@ -460,8 +464,12 @@ def checkpoint_report(path: str, widest: int = 64) -> int:
         # The saved per-device batch where it works, else the largest below it.
         fitting = [c for c in choices if c[0] <= size] or choices[-1:]
         mine = f"{fitting[0][0]} x {fitting[0][1]}"
-        note = " (as saved: bit for bit)" if count == world else ""
+        note = " (as saved: the same run)" if count == world and kept else ""
         print(f"    {count}: {mine}{note}")
+    if other is None:
+        print("  on another number, each step trains the same samples (float precision)")
+    else:
+        print(f"  on another number, the steps train other samples than it would have: {other}")
     print(
         "  other numbers of processes: with --resume_state.keep_global_batch false (the"
         " global batch changes)"
