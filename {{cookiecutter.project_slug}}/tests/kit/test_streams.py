@@ -62,7 +62,9 @@ def epochs_of(loader, count: int = 3) -> list[list[torch.Tensor]]:
     return [list(loader) for _ in range(count)]
 
 
-@pytest.mark.parametrize("workers", [0, 2], ids=["in process", "2 workers"])
+@pytest.mark.parametrize(
+    "workers", [0, pytest.param(2, marks=pytest.mark.slow)], ids=["in process", "2 workers"]
+)
 def test_a_stream_is_told_its_epoch_and_a_resume_continues_it_exactly(workers):
     persistent = dict(num_workers=workers, persistent_workers=workers > 0)
     torch.manual_seed(0)

@@ -7,6 +7,7 @@ Kit test: it trains whatever model and data `project.py` names. A sync in your o
 too, by name and line: on a GPU it would stall every step.
 """
 
+import functools
 import inspect
 import re
 import warnings
@@ -34,6 +35,7 @@ def fit_counting(*flags: str) -> SyncCounter:
     return counter
 
 
+@functools.cache
 def library_callbacks() -> dict[str, str]:
     """The source files of the callbacks the project takes from a library (Lightning's
     EMAWeightAveraging, in its configs or its module's configure_callbacks), by path as

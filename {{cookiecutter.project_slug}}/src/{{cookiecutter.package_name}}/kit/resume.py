@@ -201,6 +201,7 @@ class ResumeState(Callback):
         self._trainer: Trainer | None = None
         self._pending: dict[str, Any] | None = None
         self._notes: list[str] = []
+        self._worlds: tuple[int, int] | None = None  # (saved by, resumed by), where they differ
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._trainer = trainer  # state_dict() is called without it
@@ -241,7 +242,7 @@ class ResumeState(Callback):
     ) -> None:
         """Keep the checkpoint's global batch on this run's processes and batch: set the
         accumulation that makes it, and count the batches trained in this run's batches."""
-        self._notes = []
+        self._notes, self._worlds = [], None
         saved = saved_state(checkpoint, self.state_key)
         if trainer.state.fn != "fit" or not saved or not saved.get("batch_size"):
             return
@@ -276,11 +277,8 @@ class ResumeState(Callback):
             line += "; the steps from here train other samples than an uninterrupted run"
             line += f" ({other})" if other and world != now else ""
         self._notes.append(line)
-        if world != now:
-            self._notes += [
-                f"{what}: on {processes(now)}, not {world}, it differs from an uninterrupted run"
-                for what in per_process(pl_module)
-            ]
+        if world != now:  # named as training starts, once which layers train is restored
+            self._worlds = (world, now)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not trainer.ckpt_path:
@@ -304,6 +302,12 @@ class ResumeState(Callback):
             set_frozen(pl_module, self._pending["frozen"], self._pending.get("untracked", []))
         if trainer.fit_loop.restarted_mid_epoch:
             replay_epoch_start(trainer, pl_module)
+        if self._worlds is not None:
+            world, now = self._worlds
+            self._notes += [
+                f"{what}: on {processes(now)}, not {world}, it differs from an uninterrupted run"
+                for what in per_process(pl_module)
+            ]
         for line in self.inexact(trainer, loaders):
             rank_zero_info(f"resume: {line}")
 
