@@ -271,3 +271,39 @@ def test_a_batch_sampler_lightning_rebuilds_wrongly_under_ddp_stops_the_run():
     )
     with pytest.raises(Exception, match="Lightning rebuilt it around a DistributedSampler"):
         trainer.fit(TrainsOnLengthBuckets())
+
+
+class TrainsOnOneStream(LightningModule):
+    """Trains on a stream that does not split itself among the processes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 1)
+
+    def train_dataloader(self) -> DataLoader:
+        return ResumableLoader(Shards(), batch_size=4)
+
+    def training_step(self, batch, batch_idx):
+        return self.layer(batch).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+@pytest.mark.slow
+def test_a_stream_that_gives_every_process_the_same_batches_stops_the_run():
+    from {{ cookiecutter.package_name }}.kit.shards import ShardCheck
+
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp_spawn",
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[ShardCheck()],
+    )
+    with pytest.raises(Exception, match="gave each of the 2 processes the same first batch"):
+        trainer.fit(TrainsOnOneStream())

@@ -120,8 +120,10 @@ class ShardCheck(Callback):
         ]
         if not streams:
             return
-        every = trainer.strategy.all_gather(fingerprint(batch).to(pl_module.device))
-        if bool((every == every[0]).all()):  # once a fit: one wait for the device
+        mine = fingerprint(batch).to(pl_module.device)
+        spread = torch.stack([mine, -mine])  # the largest, and minus the smallest
+        torch.distributed.all_reduce(spread, op=torch.distributed.ReduceOp.MAX)
+        if bool(spread[0] == -spread[1]):  # all the same; once a fit: one wait for the device
             raise ConfigError(
                 f"the training stream {streams[0]} gave each of the {trainer.world_size}"
                 " processes the same first batch: it must split itself among them (take"
