@@ -318,7 +318,7 @@ class ResumableLoader(DataLoader):
     A `batch_sampler` of your own is dealt out to the processes a batch at a
     time (`RankBatches`). An `IterableDataset` (a stream) is read through
     `EpochStream`: told its epoch (`set_epoch`, if it has one) in every process
-    that reads it, its draws seeded by (seed, epoch, rank, worker); a stream
+    that reads it, its draws seeded by (seed, epoch, worker); a stream
     cannot seek, so a resumed epoch reads its first batches again and drops
     them. A stream shards itself among workers and processes, and every
     process's stream must give as many batches.
@@ -348,7 +348,7 @@ class ResumableLoader(DataLoader):
             given["dataset"] = dataset = dataset.dataset
         rank, self.world = process_rank()
         if isinstance(dataset, IterableDataset):
-            given["dataset"] = EpochStream(dataset, rank, seeded=seed_samples)
+            given["dataset"] = EpochStream(dataset, seeded=seed_samples)
         elif (
             seed_samples
             and given.get("batch_size", 1) is not None  # batches, not one sample at a time

@@ -4,8 +4,8 @@ A dataset's `__getitem__` that flips or crops at random, and a stream that
 shuffles its shards, draw from torch's, NumPy's and Python's global generators.
 Read by loader workers, those draws would depend on how many workers there are
 and on where a run was resumed. Here they are seeded from (seed, epoch, sample)
-for a map-style dataset (`SeededSamples`) and from (seed, epoch, rank, worker)
-for an iterable one (`EpochStream`), so that a resumed run reads what the
+for a map-style dataset (`SeededSamples`) and from (seed, epoch, worker) for
+an iterable one (`EpochStream`), so that a resumed run reads what the
 uninterrupted one read. In the training process itself (no workers) the
 generators are put back after each read: the model's own draws (dropout) do not
 depend on the data it read. Imports only torch and NumPy.
@@ -161,18 +161,20 @@ class EpochStream(IterableDataset):
     At the start of each epoch, in whichever process reads the stream (each loader
     worker, persistent ones too, or the training process), the stream's
     `set_epoch(epoch)` is called where it defines one, and the global generators
-    are seeded from (seed, epoch, rank, worker). The seed and the epoch reach the
+    are seeded from (seed, epoch, worker). The seed and the epoch reach the
     workers through `position`, a tensor in shared memory that the loader sets
     before each epoch (`tell`). So a stream that shuffles its shards with
     `random.shuffle` or adds noise from NumPy reads the same samples in the same
     order in a resumed epoch as in the uninterrupted one, and a stream that orders
     itself by its epoch (`set_epoch`) is told the right one, never one it counted.
-    With `seeded` False, only the epoch is told. Anything else is the wrapped
+    The draws are the same on every process: a stream that does not split itself
+    among them gives each the same batches, which `kit/shards.py` catches. With
+    `seeded` False, only the epoch is told. Anything else is the wrapped
     dataset's: its attributes, its length, `self.dataset`.
     """
 
-    def __init__(self, dataset: IterableDataset, rank: int = 0, seeded: bool = True) -> None:
-        self.dataset, self.rank, self.seeded = dataset, rank, seeded
+    def __init__(self, dataset: IterableDataset, seeded: bool = True) -> None:
+        self.dataset, self.seeded = dataset, seeded
         self.position = torch.zeros(2, dtype=torch.int64).share_memory_()  # (seed, epoch)
 
     def tell(self, seed: int, epoch: int) -> None:
@@ -185,7 +187,7 @@ class EpochStream(IterableDataset):
         return len(cast(Sized, self.dataset))  # a TypeError where the stream has no length
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("dataset", "rank", "seeded", "position"):
+        if name.startswith("__") or name in ("dataset", "seeded", "position"):
             raise AttributeError(name)  # (unpickling)
         return getattr(self.dataset, name)
 
@@ -200,7 +202,7 @@ class EpochStream(IterableDataset):
             return self._start()
         seed, epoch = self.position.tolist()
         worker = get_worker_info()
-        key = mix(seed % 2**64, epoch, 4, self.rank, worker.id if worker else 0)
+        key = mix(seed % 2**64, epoch, 4, worker.id if worker else 0)
         if worker is None:  # the training process: its generators are put back
             return drawn_apart(self._start, key)
         seed_global_generators(key)  # a worker's process reads nothing else
