@@ -96,8 +96,8 @@ def expected_files(package: str, answers: dict) -> set[str]:
         " test_cli test_compile test_data test_ddp test_doctor test_export test_faults"
         " test_gpu test_hardware test_health test_hints test_imports test_internals test_lock"
         " test_model"
-        " test_numerics test_peaks test_repeat test_resume test_runs test_streams test_sweep"
-        " test_syncs test_watch"
+        " test_numerics test_peaks test_repeat test_resume test_runs test_schedules test_streams"
+        " test_sweep test_syncs test_watch"
     )
     support = "__init__ batches fits models processes project readers"
     configs = "accumulate ddp debug default fsdp gpu profile sweep"

@@ -79,48 +79,37 @@ class SignalStream(IterableDataset):
     to each, and a rank's shards to its loader workers the same way. Every rank streams
     as many windows, however many workers it has. Within a shard, windows start every
     `STRIDE` values from an offset below `STRIDE`, in a shuffled order. The shard order,
-    the offsets and the window orders are drawn from (`seed`, epoch, shard): the epoch is
-    what `set_epoch` was last told, shared with loader workers started before it was told.
+    the offsets and the window orders are drawn from (`seed`, epoch, shard), the epoch
+    `set_epoch` gave it (the kit tells it in every process that reads it). The rank is
+    taken when the stream is made (in the DataModule's setup, once the processes are
+    set up): a loader worker started by a fork server has no process group to ask.
     """
 
     def __init__(self, files: list[Path], seed: int = 0):
         if not files:
             raise FileNotFoundError("no training shards")
-        self.files = files
-        self.seed = seed
-        # In shared memory: persistent loader workers see a later `set_epoch` too.
-        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
+        self.files, self.seed, self.epoch = files, seed, 0
+        self.rank, self.world = rank_and_world()
+        if len(files) % self.world:
+            raise ValueError(
+                f"{len(files)} shards cannot be shared evenly by {self.world} ranks: they "
+                "would stream different numbers of batches"
+            )
 
     def set_epoch(self, epoch: int) -> None:
         """Reshuffle for `epoch` at the next iteration."""
-        self._epoch.fill_(epoch)
-
-    @property
-    def epoch(self) -> int:
-        return int(self._epoch)
-
-    def reader(self) -> tuple[int, int, int, int]:
-        """(rank, ranks, worker, workers): where this copy of the stream is read."""
-        info = get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        rank, world = rank_and_world()
-        if len(self.files) % world:
-            raise ValueError(
-                f"{len(self.files)} shards cannot be shared evenly by {world} ranks: they "
-                "would stream different numbers of batches"
-            )
-        return rank, world, worker, workers
+        self.epoch = epoch
 
     def __len__(self) -> int:
         """The windows this rank streams in an epoch (all its loader workers together)."""
-        _, world = rank_and_world()
-        return len(self.files) // world * PER_SHARD
+        return len(self.files) // self.world * PER_SHARD
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        rank, world, worker, workers = self.reader()
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         epoch = self.epoch
         order = np.random.default_rng((self.seed, epoch)).permutation(len(self.files))
-        for shard in order[rank::world][worker::workers]:
+        for shard in order[self.rank :: self.world][worker::workers]:
             values = torch.from_numpy(np.load(self.files[shard]))
             rng = np.random.default_rng((self.seed, epoch, int(shard)))
             offset = int(rng.integers(STRIDE))

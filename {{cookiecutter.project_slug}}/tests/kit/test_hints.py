@@ -7,11 +7,17 @@ import re
 
 import pytest
 import torch
-from support import PROJECT, PROJECT_ROOT, SCRIPT, configured, first_batch
+from support import PACKAGE, PROJECT, PROJECT_ROOT, SCRIPT, SRC, configured, first_batch
 from test_model import made_on_the_cpu, training_step_on_meta
 
 from {{ cookiecutter.package_name }}.__main__ import main as command
-from {{ cookiecutter.package_name }}.kit.hints import HINTS, explain, find_hint, markdown_table
+from {{ cookiecutter.package_name }}.kit.hints import (
+    HINTS,
+    explain,
+    find_hint,
+    markdown_table,
+    one_line,
+)
 
 Model = PROJECT.model
 
@@ -172,3 +178,27 @@ def test_asking_for_a_gpu_that_is_not_there(workdir, capfd):
     assert "No supported gpu backend found" in err
     assert "Hint: `CUDAAccelerator` can not run on your system" in err
     assert f"{PROJECT.command} doctor` says which" in err
+
+
+def test_a_missing_file_is_one_line_naming_the_projects_line_it_came_from():
+    path = SRC / PACKAGE / "data.py"  # as if it were in the project's own data.py
+    code = compile("def make_splits():\n    open('data/absent.csv')\n", str(path), "exec")
+    scope: dict = {}
+    exec(code, scope)
+    with pytest.raises(FileNotFoundError) as caught:
+        scope["make_splits"]()
+    line, exit_code = one_line(caught.value, PACKAGE) or ("", 0)
+    assert line.endswith("'data/absent.csv' (raised in data.py:2, in make_splits)")
+    assert exit_code == 2
+
+
+def test_an_error_is_looked_through_only_where_lightning_raised_it():
+    """A download that failed after a cache file was not found is that failure, with its
+    traceback: only an error Lightning raises over another hides the one that stopped it."""
+    try:
+        try:
+            open("absent-cache")  # noqa: SIM115  (it fails)
+        except FileNotFoundError as missing:
+            raise RuntimeError("the download failed") from missing
+    except RuntimeError as error:
+        assert one_line(error, PACKAGE) is None

@@ -302,6 +302,26 @@ def test_fake_tensors_and_the_memory_tracker():
     assert type(out).__name__ == "FakeTensor" and out.shape == (32, 64)
 
 
+def test_a_module_is_forgotten_by_the_memory_tracker():
+    """Called again from the top level, a module MemTracker holds figures of is refused;
+    forgotten, it is taken as new, the other modules' figures kept."""
+    first, second = nn.Linear(4, 4), nn.Linear(4, 4)
+    tracker, _ = internals.memory_tracker()
+    with tracker:
+        second(first(torch.randn(2, 4)))
+        with pytest.raises(NotImplementedError, match="multiple iterative calls"):
+            first(torch.randn(2, 4))
+        internals.forget_module(tracker, first)
+        first(torch.randn(2, 4))
+    assert second in tracker.memory_tracking and first in tracker.memory_tracking
+
+
+def test_whether_lightning_shards_the_loaders():
+    cpu = dict(accelerator="cpu", logger=False, enable_checkpointing=False)
+    assert internals.lightning_shards(Trainer(devices=1, **cpu))
+    assert not internals.lightning_shards(Trainer(use_distributed_sampler=False, **cpu))
+
+
 def test_optunas_heartbeat_and_trial_table():
     from optuna.storages import RDBStorage
 

@@ -63,6 +63,7 @@ from {{ cookiecutter.package_name }}.kit.resume import (
     per_process,
     same_samples,
     saved_state,
+    set_frozen,
 )
 
 MONITOR = PROJECT.monitor
@@ -341,13 +342,12 @@ def test_a_resume_on_another_number_of_processes_keeps_the_global_batch_and_says
     assert "saved with precision bf16-mixed, resumed with 32-true" in precision
     assert "saved by 2 processes, resumed by 1" in first
     assert f"is {2 * size * accumulate} ({per_device} x 1 x {accumulated})" in first
-    # What draws or keeps numbers of each process's own says so, one line each: dropout
-    # as built, BatchNorm unless the fit's setup froze its statistics (a fine-tune's).
-    parts = per_process(PROJECT.model())  # as trained: with its defaults
-    said = [line.partition("resume: ")[2] for line in others]
-    kinds = [part.partition(" (")[0] for part in parts]  # "dropout", "BatchNorm"
-    assert len(said) <= len(parts) and all(line.partition(" (")[0] in kinds for line in said)
-    assert all(any(part in line for line in said) for part in parts if part.startswith("drop"))
+    # What draws or keeps numbers of each process's own says so, one line each: the model
+    # as trained, with its defaults, which of its layers train as the checkpoint says.
+    model = PROJECT.model()
+    set_frozen(model, saved.get("frozen", []), saved.get("untracked", []))
+    parts = per_process(model)
+    assert len(others) == len(parts) and all(p in o for p, o in zip(parts, others, strict=True))
     # A global batch no whole accumulation makes is refused, naming the batches that do.
     # (A batch sampler's global batch counts its batches: one process makes any by itself.)
     if "batches" in orders_of(saved):
@@ -358,6 +358,52 @@ def test_a_resume_on_another_number_of_processes_keeps_the_global_batch_and_says
     assert refused.returncode == 2
     (line,) = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
     assert f"global batches of {15 * accumulate}" in line and "--data.batch_size" in line
+
+
+def test_which_weights_train_and_which_norms_keep_statistics_come_back_as_saved():
+    """A fine-tune unfroze a block (Lightning's BaseFinetuning freezes it again in setup):
+    the checkpoint's flags put it back as it trained, the rest as it was."""
+    from {{ cookiecutter.package_name }}.kit.resume import frozen, set_frozen, untracked
+
+    def net():
+        return torch.nn.Sequential(
+            torch.nn.Linear(2, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 1)
+        )
+
+    trained = net()
+    trained[0].requires_grad_(False)
+    trained[1].track_running_stats = False
+    saved = frozen(trained), untracked(trained)
+    assert saved == (["0.weight", "0.bias"], ["1"])
+    resumed = net()
+    resumed.requires_grad_(False)  # frozen whole again, as a fine-tune's setup does
+    set_frozen(resumed, *saved)
+    assert [p.requires_grad for p in resumed.parameters()] == [False, False, True, True, True, True]
+    assert not resumed[1].track_running_stats
+
+
+def test_a_resume_half_way_through_an_epoch_runs_your_epoch_start_again(caplog):
+    """Lightning calls on_train_epoch_start only at an epoch's start: the module's and
+    your callbacks' run again in an epoch resumed half-way (not Lightning's, nor the kit's)."""
+    from {{ cookiecutter.package_name }}.kit.resume import replay_epoch_start
+
+    calls = []
+
+    class Module(PROJECT.model):
+        def on_train_epoch_start(self):
+            calls.append("module")
+
+    class Yours(Callback):
+        def on_train_epoch_start(self, trainer, pl_module):
+            calls.append("callback")
+
+    from lightning.pytorch.callbacks import LearningRateMonitor
+
+    trainer = SimpleNamespace(callbacks=[Yours(), LearningRateMonitor()], current_epoch=3)
+    with caplog.at_level("INFO"):
+        replay_epoch_start(trainer, Module())
+    assert calls == ["module", "callback"]
+    assert "Resumed in the middle of epoch 3: ran Module.on_train_epoch_start" in caplog.text
 
 
 def test_augmentation_left_to_each_process_is_a_resume_that_says_so():

@@ -94,6 +94,62 @@ def test_a_stream_read_in_process_leaves_the_process_draws_alone():
     assert same_values((torch.rand(3), np.random.rand(), random.random()), expected)
 
 
+def masked(samples):
+    """A collate that draws as it batches (a language model's masking)."""
+    batch = torch.stack(samples)
+    return batch * (torch.rand(len(batch), 1) > 0.5)
+
+
+def test_a_streams_collate_draws_numbers_of_its_own_in_process():
+    """Read in the training process, a stream's collate draws from generators seeded by the
+    batch (the model's own draws untouched), and a resumed epoch masks as it did."""
+    seed_global_generators(0)
+    expected = torch.rand(3), np.random.rand(), random.random()
+    seed_global_generators(0)
+    loader = ResumableLoader(Shards(), batch_size=4, collate_fn=masked)
+    uninterrupted = epochs_of(loader, 2)
+    assert same_values((torch.rand(3), np.random.rand(), random.random()), expected)
+    resumed = ResumableLoader(Shards(), batch_size=4, collate_fn=masked, seed=loader.seed)
+    list(resumed)
+    resumed.resume_at(loader.seed, 1, 2 * resumed.world_batch)
+    assert same_values(list(resumed), uninterrupted[1][2:])
+
+
+class EpochsSeen(LightningModule):
+    """Trains on a stream whose loader its DataModule makes anew each epoch; keeps the
+    epoch each batch was read in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer, self.seen = nn.Linear(4, 1), []
+
+    def train_dataloader(self) -> DataLoader:
+        return ResumableLoader(Shards(), batch_size=10)
+
+    def training_step(self, batch, batch_idx):
+        self.seen.append((self.current_epoch, int(batch[0, 0])))
+        return self.layer(batch).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def test_a_stream_is_told_lightnings_epoch_by_a_loader_made_anew_each_epoch():
+    model = EpochsSeen()
+    trainer = Trainer(
+        accelerator="cpu",
+        max_epochs=3,
+        reload_dataloaders_every_n_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(model)
+    assert {epoch for epoch, _ in model.seen} == {0, 1, 2}
+    assert all(told == epoch for epoch, told in model.seen)
+
+
 def test_a_split_datamodule_trains_a_stream_in_its_own_order_and_cuts_no_folds():
     class Streamed(SplitDataModule):
         def make_splits(self):
@@ -157,6 +213,40 @@ def test_a_batch_sampler_of_yours_is_dealt_out_to_the_processes():
     assert list(RankBatches(splits_itself, 2, 1, deal=False)) == every
 
 
+class ShufflesGlobally(LengthBuckets):
+    """A bucket sampler that shuffles its batches with Python's global `random`, as many do."""
+
+    def __iter__(self):
+        batches = list(super().__iter__())
+        random.shuffle(batches)
+        return iter(batches)
+
+
+def test_a_batch_sampler_that_shuffles_with_the_global_generators_resumes_its_epoch():
+    data = TensorDataset(torch.arange(40))
+    random.seed(0)
+    loader = ResumableLoader(data, batch_sampler=ShufflesGlobally(LENGTHS), seed=7)
+    uninterrupted = epochs_of(loader, 2)
+    assert not same_values(uninterrupted[0], uninterrupted[1])
+    random.seed(123)  # the resumed process's own state: another one
+    resumed = ResumableLoader(data, batch_sampler=ShufflesGlobally(LENGTHS), seed=7)
+    list(resumed)
+    resumed.resume_at(7, 1, 3 * resumed.world_batch)
+    assert same_values(list(resumed), uninterrupted[1][3:])
+
+
+def test_a_batch_sampler_that_splits_itself_among_the_processes_is_left_to_it(monkeypatch):
+    from {{ cookiecutter.package_name }}.kit import data
+
+    monkeypatch.setattr(data, "process_rank", lambda: (1, 2))
+    data_set = TensorDataset(torch.arange(40))
+    splits_itself = LengthBuckets(LENGTHS)
+    splits_itself.num_replicas = 2  # as a DistributedSampler says it
+    assert not ResumableLoader(data_set, batch_sampler=splits_itself).sampler.deal
+    dealt = ResumableLoader(data_set, batch_sampler=LengthBuckets(LENGTHS))
+    assert dealt.sampler.deal and (dealt.sampler.rank, dealt.sampler.num_replicas) == (1, 2)
+
+
 def test_a_batch_sampler_lightning_rebuilt_around_its_sampler_is_checked():
     """Lightning gives a rebuilt batch sampler its DistributedSampler as the first argument:
     one built from lengths then reads the sampler's indices as lengths, every rank the same
@@ -210,6 +300,37 @@ class UnfreezesAtEpoch1(LightningModule):
     def on_train_end(self) -> None:
         total = sum(float(p.double().sum()) for p in self.parameters())
         Path(self.out, f"rank{self.global_rank}").write_text(repr(total))
+
+
+def averaged_on(rank: int, world: int, address: str, out: str) -> None:
+    """One rank of a gloo group: a weight frozen when DDP wrapped the model and unfrozen
+    after it, given the gradient rank + 1; what UnfrozenGradients makes of it, written."""
+    from types import SimpleNamespace
+
+    from {{ cookiecutter.package_name }}.kit.unfrozen import UnfrozenGradients
+
+    torch.distributed.init_process_group("gloo", init_method=address, rank=rank, world_size=world)
+    model = nn.Linear(2, 2)
+    model.weight.requires_grad_(False)
+    callback = UnfrozenGradients()
+    callback._left_out = [model.weight]  # as on_fit_start finds it under DDP
+    model.weight.requires_grad_(True)
+    model.weight.grad = torch.full_like(model.weight, rank + 1.0)
+    model.bias.grad = torch.full_like(model.bias, rank + 1.0)
+    callback.on_after_backward(SimpleNamespace(world_size=world), model)
+    Path(out, f"rank{rank}").write_text(f"{model.weight.grad.mean()} {model.bias.grad.mean()}")
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_the_gradients_of_weights_unfrozen_under_ddp_are_their_mean_over_the_ranks(tmp_path):
+    """The mean of the ranks' gradients (as DDP's own), for the unfrozen weight alone."""
+    from {{ cookiecutter.package_name }}.kit.machine import free_port
+
+    address = f"tcp://127.0.0.1:{free_port()}"
+    torch.multiprocessing.spawn(averaged_on, args=(2, address, str(tmp_path)), nprocs=2)
+    seen = [(tmp_path / f"rank{rank}").read_text() for rank in (0, 1)]
+    assert seen == ["1.5 1.0", "1.5 2.0"]  # the weight's averaged, DDP's bias left as it was
 
 
 @pytest.mark.slow

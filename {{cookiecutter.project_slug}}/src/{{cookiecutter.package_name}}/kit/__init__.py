@@ -12,7 +12,8 @@ Two layers, imports running one way (tests/kit/test_imports.py holds them):
                  v
     run core   cli (fit, validate, test, predict) and what it imports: spec,
                callbacks, console, watch, checkpoints, runs, resume, sharding, data,
-               health, peaks, footprint, hardware, hints, predict, machine, internals
+               draws, shards, unfrozen, schedules, health, peaks, footprint, hardware,
+               hints, predict, machine, internals
 
 The core never imports a tool, nor Optuna, ONNX or safetensors: a fit loads none of them, and
 sharding and hints only for an FSDP run and a failure.
@@ -29,12 +30,19 @@ sharding and hints only for an FSDP run and a failure.
     runs         one run directory per run, continued on resume; the line a fit ends with
     resume       the random states and data position a checkpoint carries: resumes exact
     sharding     FSDP2 for any network, sharded checkpoints written whole, joined for export
-    data         loader settings from the machine, a DataModule built from splits
+    data         loader settings from the machine, a DataModule built from splits,
+                 resumable orders: one permutation dealt out, your batch sampler dealt
+                 out, a stream told its epoch
+    draws        the random draws of the data keyed by sample, epoch and worker
+    shards       each rank trains its own share, or the fit stops in one line
+    unfrozen     weights unfrozen after DDP wrapped the model, averaged over the ranks
+    schedules    a schedule of a fixed length and a fit that would step past it
     health       throughput, data wait, FLOPs and MFU, memory at the end of fit
     peaks        the peak FLOP/s of current GPUs
     footprint    weights, gradients and optimizer state per rank, under DDP and FSDP
     hardware     precision and matmul kernels from the accelerator the run uses
-    hints        what the classic errors mean, printed after a traceback
+    hints        what the classic errors mean, printed after a traceback; the errors of
+                 the input that need one line and no traceback
     predict      `predict` writes any predict_step output as CSV rows
     machine      the torch build and the GPUs, for the doctor and the report
     internals    every private name of Lightning, torch and Optuna the kit uses

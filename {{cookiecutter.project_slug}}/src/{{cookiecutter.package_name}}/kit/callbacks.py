@@ -23,6 +23,7 @@ from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
+from .data import RankBatches
 from .footprint import human, params_of, per_rank
 from .machine import build_name, cuda_devices
 
@@ -78,7 +79,8 @@ def loader_facts(trainer: Trainer) -> dict[str, Any]:
             )
         )
     batches = loader.batch_sampler
-    batches = getattr(batches, "batches", batches)  # yours, where the kit deals them out
+    if isinstance(batches, RankBatches):  # yours, dealt out by the kit
+        batches = batches.batches
     batch_size = loader.batch_size or getattr(batches, "batch_size", None)
     effective = None
     if batch_size:

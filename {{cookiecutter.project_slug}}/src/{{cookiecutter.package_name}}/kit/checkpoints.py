@@ -65,6 +65,7 @@ from .internals import (
     skips_saving,
 )
 from .runs import continue_run, is_first_process, run_candidates
+from .spec import init_parameters
 
 RESUMABLE = ("last.ckpt", "interrupted.ckpt")
 PARTIAL = ".partial"  # the suffix of a checkpoint being written
@@ -465,6 +466,28 @@ def check_checkpoint(path: str | Path) -> Path:
                 f" {advice}"
             )
     return file
+
+
+def foreign_model(checkpoint: Path, model: type) -> str | None:
+    """Why `checkpoint` holds another kind of model than `model` (hyperparameters that are
+    not its arguments, which Lightning would rebuild the model from), or None. A folder
+    of shards keeps them in its meta file: not looked at."""
+    if checkpoint.is_dir():
+        return None
+    saved = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
+    given = saved.get("hyper_parameters") or {}
+    hparams = {key for key in given if not key.startswith("_")}  # (Lightning's own: _...)
+    if not hparams or "_class_path" in given:
+        return None
+    takes = {name.partition(".")[0] for name in init_parameters(model)}
+    strangers = sorted(hparams - takes)
+    if not strangers:
+        return None
+    return (
+        f"checkpoint '{checkpoint}' holds another model: its hyperparameters"
+        f" {', '.join(strangers[:4])} are not arguments of {model.__name__} (which takes"
+        f" {', '.join(sorted(takes)[:6]) or 'none'}); use a checkpoint of this project's model"
+    )
 
 
 def resume_candidates(runs: Iterable[Path], root: Path | None = None) -> list[Path]:

@@ -56,6 +56,7 @@ from .checkpoints import (
     InterruptCheckpoint,
     ResumeCheck,
     check_checkpoint,
+    foreign_model,
     is_sharded,
     resolve_last,
     state_dict_mismatch,
@@ -90,7 +91,7 @@ from .runs import (
 )
 from .schedules import ScheduleLength
 from .shards import ShardCheck
-from .spec import ConfigError, FSDPOptions, Project, init_parameters
+from .spec import ConfigError, FSDPOptions, Project
 from .unfrozen import UnfrozenGradients
 from .watch import Diverged, Divergence, RankWatch
 
@@ -522,26 +523,6 @@ class ProjectCLI(LightningCLI):
             trainer["logger"] = False  # predictions go to their CSV file, not a new run
 
 
-def foreign_model(checkpoint: Path, model: type) -> str | None:
-    """Why `checkpoint` holds another kind of model than `model` (hyperparameters that are
-    not its arguments: Lightning would rebuild the model from them), or None."""
-    if checkpoint.is_dir():  # a folder of shards: its hyperparameters are in its meta file
-        return None
-    saved = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
-    hparams = {k: v for k, v in (saved.get("hyper_parameters") or {}).items() if k[0] != "_"}
-    if not hparams or "_class_path" in (saved.get("hyper_parameters") or {}):
-        return None
-    takes = {name.partition(".")[0] for name in init_parameters(model)}
-    strangers = sorted(set(hparams) - takes)
-    if not strangers:
-        return None
-    return (
-        f"checkpoint '{checkpoint}' holds another model: its hyperparameters"
-        f" {', '.join(strangers[:4])} are not arguments of {model.__name__} (which takes"
-        f" {', '.join(sorted(takes)[:6]) or 'none'}); use a checkpoint of this project's model"
-    )
-
-
 def refuse_whole_copies(trainer: Trainer) -> None:
     """Refuse, in one line, a callback that keeps a whole copy of the model (Lightning's
     weight averaging, EMA, SWA) under a strategy that shards it: FSDP cannot copy it."""
@@ -610,9 +591,21 @@ def main(
     trainer_defaults = {"callbacks": list(callbacks)} if callbacks else {}
     # `--trainer.max_epoch` is a typo to report, not an abbreviation to accept.
     parser_kwargs: dict[str, Any] = {"allow_abbrev": False}
+    words = sys.argv[1:] if args is None else list(args)
+    defaults = [str(project.defaults)] if project.defaults else []
+    # The project's config file first: as a `--config` of the subcommand, which may hold
+    # whatever a --config file holds (jsonargparse reads `default_config_files` by narrower
+    # rules: an optimizer by `class_path` and `init_args` is refused there). Where options
+    # come before the subcommand (`--config all.yaml fit`), as defaults, read before them.
+    first = bool(words) and words[0] in LightningCLI.subcommands()
+    if defaults and first:
+        words = [words[0], "--config", defaults[0], *words[1:]]
+    elif defaults and cli_kwargs.get("run") is False:  # one parser, no subcommands
+        words = ["--config", defaults[0], *words]
     for subcommand in LightningCLI.subcommands():
         parser_kwargs[subcommand] = {"allow_abbrev": False}
-    words = with_defaults(sys.argv[1:] if args is None else args, project.defaults, cli_kwargs)
+        if not first and cli_kwargs.get("run") is not False:
+            parser_kwargs[subcommand]["default_config_files"] = defaults
     with warnings.catch_warnings():
         # The arguments are always given (the project's config file goes first).
         warnings.filterwarnings("ignore", "LightningCLI's args parameter is intended")
@@ -633,20 +626,6 @@ def main(
             save_config_kwargs={"overwrite": True},
             **cli_kwargs,
         )
-
-
-def with_defaults(args: list[str], defaults: Path | None, cli_kwargs: dict[str, Any]) -> list[str]:
-    """`args` with the project's config file read first, as a `--config` of the subcommand:
-    the command line and later `--config` files override it, and it may hold whatever a
-    `--config` file may (jsonargparse reads `default_config_files` by narrower rules: a
-    callable given by `class_path` and `init_args`, as an optimizer is, is refused there)."""
-    if defaults is None:
-        return list(args)
-    if cli_kwargs.get("run") is False:  # one parser, no subcommands
-        return ["--config", str(defaults), *args]
-    if args and args[0] in LightningCLI.subcommands():
-        return [args[0], "--config", str(defaults), *args[1:]]
-    return list(args)  # no subcommand: the parser says so, or prints its help
 
 
 def run(args: list[str] | None, project: Project) -> int:
@@ -686,58 +665,17 @@ def run(args: list[str] | None, project: Project) -> int:
     return 0
 
 
-def one_line(error: BaseException, project: Project) -> tuple[str, int] | None:
-    """(the line, the exit code) for an error of the input or the machine that needs no
-    traceback: a file that is not there (2), a loader worker that cannot be handed the
-    dataset (1). Looked for along the chain of errors: Lightning's teardown may raise one
-    of its own over it."""
-    seen: BaseException | None = error
-    while seen is not None:
-        if isinstance(seen, FileNotFoundError):  # a data file: the input, not a bug
-            return f"{seen}{raised_in(seen, project)}", 2
-        if isinstance(seen, ValueError) and "too many fds" in str(seen):
-            return TOO_MANY_FDS, 1
-        seen = seen.__cause__ or seen.__context__
-    return None
-
-
-# Where a loader worker started by a fork server or spawn (Python 3.14's default on Linux)
-# cannot be handed the dataset: torch shares each tensor through a file descriptor of
-# its own, and one message carries a few hundred at most.
-TOO_MANY_FDS = (
-    "a DataLoader worker could not be handed the dataset (too many fds): it holds more"
-    " tensors than a process can be sent at once. Keep its samples in a few large tensors"
-    " (or NumPy arrays), or run with --data.num_workers 0 for data already in memory"
-)
-
-
-def raised_in(error: BaseException, project: Project) -> str:
-    """' (raised in data.py:52, in make_splits)': the project's own line the error came
-    from (the deepest outside the kit), or ''."""
-    package = project.model.__module__.partition(".")[0]
-    frames = [
-        frame
-        for frame in traceback.extract_tb(error.__traceback__)
-        if f"{os.sep}{package}{os.sep}" in frame.filename
-        and f"{os.sep}kit{os.sep}" not in frame.filename
-    ]
-    if not frames:
-        return ""
-    where = frames[-1]
-    return f" (raised in {Path(where.filename).name}:{where.lineno}, in {where.name})"
-
-
 def _failed(error: Exception, project: Project) -> int:
     """One line and its exit code for an error of the input or the machine (`one_line`);
     else the traceback in full, the error, and the hint for it if there is one, exit 1."""
-    said = one_line(error, project)
+    from .hints import explain, one_line  # (only a failure reads them)
+
+    said = one_line(error, project.model.__module__.partition(".")[0])
     if said is not None:
         print(f"{_rank()}error: {said[0]}", file=sys.stderr)
         return said[1]
     traceback.print_exception(error)
     print(f"{_rank()}failed: {type(error).__name__}: {error}", file=sys.stderr)
-    from .hints import explain  # (only a failure reads them)
-
     hint = explain(error, command=project.command)
     if hint:
         print(hint, file=sys.stderr)

@@ -37,7 +37,16 @@ from torch.utils.data import (
     random_split,
 )
 
-from .draws import EpochStream, KeyedBatch, SeededSamples, mix
+from .draws import (
+    EpochStream,
+    KeyedBatch,
+    SeededSamples,
+    StreamCollate,
+    StreamEpoch,
+    global_generators_kept,
+    mix,
+    seed_global_generators,
+)
 
 MAX_WORKERS = 8
 
@@ -169,7 +178,15 @@ class _Skipping:
 
     def __iter__(self):
         loader = self.loader
-        batches = itertools.islice(iter(self._sampler()), loader._skip, None)
+        sampler = self._sampler()
+        if isinstance(sampler, RankBatches):
+            # A batch sampler of yours that shuffles with the global generators (a bucket
+            # sampler's random.shuffle): its epoch drawn from (seed, epoch) alone, the same
+            # on every rank and in a resumed epoch, the process's own draws put back.
+            with global_generators_kept(True):
+                seed_global_generators(mix(loader.seed, loader.epoch, 6))
+                sampler = list(sampler)
+        batches = itertools.islice(iter(sampler), loader._skip, None)
         if not isinstance(loader.dataset, SeededSamples):
             return batches
         # Under DDP each rank's batch of a number is another: its number counts them all.
@@ -346,9 +363,14 @@ class ResumableLoader(DataLoader):
             dataset = dataset.dataset
         if isinstance(dataset, EpochStream):
             given["dataset"] = dataset = dataset.dataset
+        if isinstance(given.get("collate_fn"), StreamCollate):
+            given["collate_fn"] = given["collate_fn"].collate
         rank, self.world = process_rank()
         if isinstance(dataset, IterableDataset):
-            given["dataset"] = EpochStream(dataset, seeded=seed_samples)
+            given["dataset"] = stream = EpochStream(dataset, seeded=seed_samples)
+            if seed_samples and given.get("batch_size", 1) is not None:
+                collate = given.get("collate_fn") or default_collate
+                given["collate_fn"] = StreamCollate(collate, stream.position)
         elif (
             seed_samples
             and given.get("batch_size", 1) is not None  # batches, not one sample at a time
@@ -386,12 +408,17 @@ class ResumableLoader(DataLoader):
         self._skip = 0
 
     @property
-    def sampler(self) -> Any:  # what torch and Lightning read; `RankBatches` when dealt out
+    def sampler(self) -> Any:
+        """What torch and Lightning read as the sampler: `RankBatches` where a batch sampler
+        of yours is dealt out; for a stream, one that Lightning tells the epoch
+        (`StreamEpoch`), which torch lets no stream's loader be given."""
         return self._sampler if self._dealt is None else self._dealt
 
     @sampler.setter
     def sampler(self, value: Any) -> None:  # (DataLoader.__init__ sets it once)
-        self._sampler = value
+        self._sampler = (
+            StreamEpoch() if isinstance(self.__dict__.get("dataset"), EpochStream) else value
+        )
 
     @property
     def order(self) -> str:

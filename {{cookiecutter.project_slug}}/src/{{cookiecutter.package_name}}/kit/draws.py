@@ -11,6 +11,7 @@ generators are put back after each read: the model's own draws (dropout) do not
 depend on the data it read. Imports only torch and NumPy.
 """
 
+import itertools
 import operator
 import random
 from collections.abc import Callable, Generator, Iterator, Sequence, Sized
@@ -19,7 +20,7 @@ from typing import Any, cast
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, IterableDataset, get_worker_info
+from torch.utils.data import Dataset, IterableDataset, Sampler, get_worker_info
 
 _MASK = 2**64 - 1
 
@@ -175,13 +176,15 @@ class EpochStream(IterableDataset):
 
     def __init__(self, dataset: IterableDataset, seeded: bool = True) -> None:
         self.dataset, self.seeded = dataset, seeded
-        self.position = torch.zeros(2, dtype=torch.int64).share_memory_()  # (seed, epoch)
+        # (seed, epoch, reading): the reading counts the times it was told, one an iteration.
+        self.position = torch.zeros(3, dtype=torch.int64).share_memory_()
 
     def tell(self, seed: int, epoch: int) -> None:
         """The seed and the epoch of the next reading, for every process that reads it."""
         seed %= 2**64
         self.position[0] = seed - 2**64 if seed >= 2**63 else seed  # stored signed
         self.position[1] = epoch
+        self.position[2] += 1
 
     def __len__(self) -> int:
         return len(cast(Sized, self.dataset))  # a TypeError where the stream has no length
@@ -200,10 +203,54 @@ class EpochStream(IterableDataset):
     def __iter__(self) -> Iterator[Any]:
         if not self.seeded:
             return self._start()
-        seed, epoch = self.position.tolist()
+        seed, epoch, _ = self.position.tolist()
         worker = get_worker_info()
         key = mix(seed % 2**64, epoch, 4, worker.id if worker else 0)
         if worker is None:  # the training process: its generators are put back
             return drawn_apart(self._start, key)
         seed_global_generators(key)  # a worker's process reads nothing else
         return self._start()
+
+
+class StreamCollate:
+    """A stream's `collate_fn`, drawing random numbers of its own in the training process.
+
+    Read in the training process (no loader workers), a stream's batches are collated
+    there: what the collate draws (a language model's masking) is seeded by (seed,
+    epoch, the batch's number in the reading) and the process's generators are put
+    back, so a resumed epoch masks as the uninterrupted one did, and the model's own
+    draws do not move. In a worker the generators are the stream's already.
+    """
+
+    def __init__(self, collate: Callable[[list[Any]], Any], position: torch.Tensor) -> None:
+        self.collate, self.position = collate, position
+        self._reading: tuple[int, ...] | None = None
+        self._number = 0
+
+    def __call__(self, samples: list[Any]) -> Any:
+        if get_worker_info() is not None:
+            return self.collate(samples)
+        reading = tuple(self.position.tolist())
+        if reading != self._reading:  # a new reading: its batches count from 0
+            self._reading, self._number = reading, 0
+        seed, epoch, _ = reading
+        with global_generators_kept(True):
+            seed_global_generators(mix(seed % 2**64, epoch, 5, self._number))
+            self._number += 1
+            return self.collate(samples)
+
+
+class StreamEpoch(Sampler):
+    """The sampler a stream's loader shows Lightning: none of its own indices (a stream
+    reads itself), the epoch Lightning tells it (`set_epoch`, at each epoch's start),
+    which the loader then tells the stream, whatever made the loader (a DataModule that
+    makes it anew each epoch too)."""
+
+    def __init__(self) -> None:
+        self.epoch: int | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[None]:
+        return itertools.repeat(None)

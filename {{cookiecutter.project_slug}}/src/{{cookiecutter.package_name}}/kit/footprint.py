@@ -72,11 +72,11 @@ def state_slots(
 @dataclass(frozen=True)
 class Param:
     """What memory one parameter costs: its (global, unsharded) shape, the bytes of
-    one element, whether it is trained (a gradient) and its optimizer's state slots."""
+    one element and its optimizer's state slots (it has a gradient: every weight
+    trains, or may)."""
 
     shape: tuple[int, ...]
     itemsize: int
-    trainable: bool = True
     slots: int = 2
 
 
@@ -117,9 +117,8 @@ def per_rank(
         numel = shard_numel(p.shape, world_size) if sharded else math.prod(p.shape)
         size = numel * p.itemsize
         weights += size
-        if p.trainable:
-            grads += size
-            state += p.slots * size
+        grads += size  # every weight trains, or may (a frozen one, once unfrozen)
+        state += p.slots * size
     return PerRank(weights + buffer_bytes, grads, state, activations)
 
 
@@ -179,18 +178,23 @@ def params_of(
         dtype = weight_dtype if weight_dtype and t.is_floating_point() else t.dtype
         return dtype.itemsize
 
-    # A frozen weight is counted as trained: a fine-tune may unfreeze it (and its optimizer
-    # then keeps state for it, as for the first group's weights).
+    # A frozen weight is counted as trained: a fine-tune may unfreeze it, and its optimizer
+    # then keeps state for it as for the first group's weights (the plan is for the whole
+    # run; the note says what it adds, for a base that stays frozen).
     first = next(iter(by_param.values()), 2) if optimizers else state_slots(ASSUMED_OPTIMIZER)
-    params, frozen = [], 0
+    params, frozen, frozen_bytes = [], 0, 0
     for p in model.parameters():
-        if optimizers:
-            slots = by_param.get(id(p), first if not p.requires_grad else 0)
-            slots = 2 if slots is None else slots  # not in any optimizer and trained: none
-        else:
+        if not optimizers:
             slots = state_slots(ASSUMED_OPTIMIZER)
-        frozen += 0 if p.requires_grad else math.prod(p.shape)
-        params.append(Param(tuple(p.shape), itemsize(p), True, slots or 0))
+        elif id(p) in by_param:  # None: an optimizer the table does not know, 2 assumed
+            slots = by_param[id(p)]
+            slots = 2 if slots is None else slots
+        else:  # in no optimizer: none now, the first group's once unfrozen
+            slots = 0 if p.requires_grad else first
+        if not p.requires_grad:
+            frozen += math.prod(p.shape)
+            frozen_bytes += math.prod(p.shape) * itemsize(p) * (1 + (slots or 0))
+        params.append(Param(tuple(p.shape), itemsize(p), slots or 0))
     buffers = sum(math.prod(b.shape) * itemsize(b) for b in model.buffers())
     names = []
     for optimizer in optimizers or []:
@@ -203,8 +207,8 @@ def params_of(
         notes.append(f"{', '.join(unknown)}: state not known to the kit, 2 slots assumed as AdamW")
     if frozen:
         notes.append(
-            f"{frozen:,} frozen weights counted with gradients and optimizer state:"
-            " a fine-tune may unfreeze them"
+            f"{frozen:,} frozen weights counted with gradients and optimizer state"
+            f" ({human(frozen_bytes)} a rank under DDP): a fine-tune may unfreeze them"
         )
     name = " + ".join(names) if optimizers else f"{ASSUMED_OPTIMIZER} (assumed)"
     return params, buffers, OptimizerFacts(name, "; ".join(notes) or None)

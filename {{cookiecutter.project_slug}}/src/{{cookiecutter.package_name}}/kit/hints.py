@@ -8,6 +8,7 @@ Plain Python: no Lightning import, so it works when Lightning's install does not
 
 import os
 import re
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -316,6 +317,54 @@ def markdown_table(command: str = COMMAND) -> str:
         fix = "; ".join(hint.fixes)
         rows.append(f"| {hint.symptom} | {cause} | {fix} |".replace("\n", " "))
     return "\n".join(rows).replace(COMMAND, command)
+
+
+# One line instead of a traceback --------------------------------------------------------
+
+# Where a loader worker started by a fork server or spawn (Python 3.14's default on Linux)
+# cannot be handed the dataset: torch shares each tensor through a file descriptor of
+# its own, and one message carries a few hundred at most.
+TOO_MANY_FDS = (
+    "a DataLoader worker could not be handed the dataset (too many fds): it holds more"
+    " tensors than a process can be sent at once. Keep its samples in a few large tensors"
+    " (or NumPy arrays), or run with --data.num_workers 0 for data already in memory"
+)
+
+
+def one_line(error: BaseException, package: str) -> tuple[str, int] | None:
+    """(the line, the exit code) for an error of the input or the machine that needs no
+    traceback: a file that is not there (2), a loader worker that cannot be handed the
+    dataset (1); None for any other. An error Lightning raised as it tore the run down
+    may hide the one that stopped it: the chain is followed through Lightning's alone."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, FileNotFoundError):  # a data file: the input, not a bug
+            return f"{seen}{raised_in(seen, package)}", 2
+        if isinstance(seen, ValueError) and "too many fds" in str(seen):
+            return TOO_MANY_FDS, 1
+        seen = (seen.__cause__ or seen.__context__) if raised_by_lightning(seen) else None
+    return None
+
+
+def raised_by_lightning(error: BaseException) -> bool:
+    """Whether Lightning's own code raised `error` (its innermost frame is Lightning's)."""
+    frames = traceback.extract_tb(error.__traceback__)
+    return bool(frames) and f"{os.sep}lightning{os.sep}" in frames[-1].filename
+
+
+def raised_in(error: BaseException, package: str) -> str:
+    """' (raised in data.py:52, in make_splits)': the line of the project's own code (the
+    deepest in `package` outside its kit) the error came from, or ''."""
+    frames = [
+        frame
+        for frame in traceback.extract_tb(error.__traceback__)
+        if f"{os.sep}{package}{os.sep}" in frame.filename
+        and f"{os.sep}kit{os.sep}" not in frame.filename
+    ]
+    if not frames:
+        return ""
+    where = frames[-1]
+    return f" (raised in {os.path.basename(where.filename)}:{where.lineno}, in {where.name})"
 
 
 if __name__ == "__main__":

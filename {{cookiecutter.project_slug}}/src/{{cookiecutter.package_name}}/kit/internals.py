@@ -95,6 +95,12 @@ def before_each_step_stop_check(trainer: Any, check: Any) -> None:
     loop._broadcast_sigterm_tensor = checked
 
 
+def lightning_shards(trainer: Any) -> bool:
+    """Whether Lightning puts a DistributedSampler into the loaders of this (multi-process)
+    fit: `Trainer(use_distributed_sampler=...)`, which it keeps in no public attribute."""
+    return bool(trainer._accelerator_connector.use_distributed_sampler)
+
+
 def restart_train_iteration(trainer: Any) -> None:
     """Make the training DataLoaders' iterators again, as Lightning does at an epoch's start
     (it made them before the checkpoint's loader positions were known)."""
@@ -197,6 +203,13 @@ def memory_tracker() -> tuple[Any, tuple[Any, ...]]:
     from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 
     return MemTracker(), (_MemRefType.ACT, _MemRefType.TEMP, _MemRefType.OTH)
+
+
+def forget_module(tracker: Any, module: Any) -> None:
+    """Drop one module's figures from a MemTracker: it refuses a module called a second time
+    from the top level while it holds them, and its only public way out (`reset_mod_stats`)
+    drops every module's, which a backward still to come reads."""
+    del tracker.memory_tracking[module]
 
 
 # Optuna ------------------------------------------------------------------------------

@@ -54,7 +54,7 @@ from .footprint import (
     params_of,
     per_rank,
 )
-from .internals import fake_tensor_mode, memory_tracker
+from .internals import fake_tensor_mode, forget_module, memory_tracker
 
 GIB = 1024**3
 # Modules built under `with META:` (a torch.device is a context manager) hold meta
@@ -325,7 +325,7 @@ def _tracked_peak(model: nn.Module, batch: Any, step: Callable, autocast: torch.
 
     def entered(module: nn.Module, args: Any) -> None:
         if depth[0] == 0 and module in tracker.memory_tracking:
-            del tracker.memory_tracking[module]
+            forget_module(tracker, module)
         depth[0] += 1
 
     def left(module: nn.Module, args: Any, output: Any) -> None:

@@ -108,15 +108,15 @@ OTHER_SAMPLES = {
     "stream": "the training stream splits itself among the processes",
     "batches": "your batch sampler is dealt out to the processes a batch at a time",
     "sampler": "the training sampler is not the kit's GlobalOrder",
+    "unsaid": "the checkpoint does not say how its order was made (an older kit's)",
     None: "the training DataLoader keeps no position",
 }
 
 
 def orders_of(saved: Mapping[str, Any]) -> set[str | None]:
-    """How the saved training loaders made their orders (a checkpoint from before the
-    kit said so: "global", the one order it then kept)."""
+    """How the saved training loaders made their orders (`ResumableLoader.order`)."""
     return {
-        position.get("order", "global") if position else None
+        position.get("order", "unsaid") if position else None
         for position in saved.get("loaders") or [None]
     }
 
@@ -413,18 +413,19 @@ def set_frozen(module: nn.Module, names: list[str], untracked: list[str]) -> Non
 
 
 def replay_epoch_start(trainer: Trainer, pl_module: LightningModule) -> None:
-    """Call the `on_train_epoch_start` of your code (the LightningModule's, your callbacks')
-    again in an epoch resumed half-way, where Lightning calls it only at an epoch's start:
+    """Call the `on_train_epoch_start` of your code (the LightningModule's, and your
+    callbacks': not Lightning's, nor the kit's) again in an epoch resumed half-way, where
+    Lightning calls it only at an epoch's start:
     what it sets (an unfrozen block, BatchNorm kept in eval mode, a schedule) holds for
     the rest of the epoch as it did in the uninterrupted run."""
-    yours = type(pl_module).__module__.partition(".")[0]
+    theirs = ("lightning.", "pytorch_lightning.", __name__.rpartition(".")[0] + ".")  # the kit
     called = []
     if is_overridden("on_train_epoch_start", pl_module):
         pl_module.on_train_epoch_start()
         called.append(type(pl_module).__name__)
     for callback in trainer.callbacks:
         hook = type(callback).on_train_epoch_start
-        if hook is not Callback.on_train_epoch_start and hook.__module__.startswith(f"{yours}."):
+        if hook is not Callback.on_train_epoch_start and not hook.__module__.startswith(theirs):
             callback.on_train_epoch_start(trainer, pl_module)
             called.append(type(callback).__name__)
     if called:

@@ -7,7 +7,7 @@ steps taken: a run continued with more epochs (`fit --ckpt_path last
 --trainer.max_epochs 40`) would train to the schedule's end, then stop with a
 traceback. `ScheduleLength` refuses such a fit in one line as its training
 starts, and `ending_schedules` tells the closing line not to offer that
-continuation. Imports only Lightning.
+continuation. Imports Lightning and the kit's spec.
 """
 
 import math
@@ -30,8 +30,11 @@ def steps_left(trainer: Trainer, interval: str) -> float:
     batches = trainer.num_training_batches  # an epoch's, as limited
     if math.isfinite(epochs_left) and math.isfinite(batches):
         per_epoch = math.ceil(batches / trainer.accumulate_grad_batches)
-        loop = trainer.fit_loop  # batches done in this epoch: only one resumed half-way
+        # Batches done in this epoch: only in one resumed half-way. (A checkpoint of an
+        # epoch's last batch counts that epoch done already, and its batches too.)
+        loop = trainer.fit_loop
         done = loop.epoch_loop.batch_progress.current.processed if loop.restarted_mid_epoch else 0
+        done = done if done < batches else 0
         this_epoch = max(0, per_epoch - done // trainer.accumulate_grad_batches)
         left = min(left, this_epoch + per_epoch * (epochs_left - 1) if epochs_left else 0)
     return left

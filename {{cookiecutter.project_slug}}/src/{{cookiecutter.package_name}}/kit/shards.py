@@ -13,12 +13,15 @@ DistributedSampler. Two kinds of data slip past it:
 
 `ShardCheck` looks at each loader once as the fit starts (the training loaders,
 then the validation ones) and stops the run in one line that names the way out,
-on every rank together. Imports Lightning, torch and the kit's data and spec.
+on every rank together. Imports Lightning, torch and the kit's callbacks, draws,
+internals and spec.
 """
 
 import copy
+import random
 from typing import Any
 
+import numpy as np
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning_utilities import apply_to_collection
@@ -26,6 +29,7 @@ from torch.utils.data import BatchSampler, DistributedSampler, IterableDataset
 
 from .callbacks import train_loaders
 from .draws import global_generators_kept
+from .internals import lightning_shards
 from .spec import ConfigError
 
 WAY_OUT = (
@@ -44,23 +48,45 @@ def as_list(loaders: Any) -> list[Any]:
     return list(loaders) if isinstance(loaders, list | tuple) else [loaders]
 
 
+def held_samplers(holder: Any, depth: int = 2) -> list[DistributedSampler]:
+    """The DistributedSamplers among `holder`'s attributes, and their attributes' (a batch
+    sampler that wraps another), `depth` levels down."""
+    found = []
+    for value in vars(holder).values() if hasattr(holder, "__dict__") else ():
+        if isinstance(value, DistributedSampler):
+            found.append(value)
+        elif depth > 1 and not isinstance(value, torch.Tensor):
+            found += held_samplers(value, depth - 1)
+    return found
+
+
+def detached(batches: Any) -> Any:
+    """A copy of a batch sampler to iterate without moving it: what it holds shared (a
+    sampler, a dataset), its own random generators copied."""
+    copied = copy.copy(batches)
+    for name, value in vars(batches).items():
+        if isinstance(value, torch.Generator | random.Random | np.random.Generator):
+            setattr(copied, name, copy.deepcopy(value))
+    return copied
+
+
 def misread_batch_sampler(loader: Any) -> str | None:
     """Why the batch sampler of yours that Lightning rebuilt for this rank around its
-    DistributedSampler may not give this rank its share; None where it does (or where
-    nothing was rebuilt)."""
+    DistributedSampler (`lightning_shards` says it did) may not give this rank its share;
+    None where it does."""
     batches = getattr(loader, "batch_sampler", None)
     if batches is None or type(batches) is BatchSampler:
         return None
     if isinstance(getattr(loader, "sampler", None), DistributedSampler):
         return None  # the batches are dealt out already (kit.data.RankBatches)
     name = type(batches).__name__
-    given = [v for v in vars(batches).values() if isinstance(v, DistributedSampler)]
-    if not given:
+    given = held_samplers(batches)
+    if not given:  # it made something else of it (a list of its indices, say)
         return f"the kit cannot see where {name} keeps it"
-    # Iterated as copies, with the global generators put back: the run's order is untouched.
+    # A DistributedSampler draws from a generator of its own: reading it moves nothing.
     with global_generators_kept(True):
-        read = {index for batch in copy.deepcopy(batches) for index in batch}
-        share = set(copy.deepcopy(given[0]))
+        read = {index for batch in detached(batches) for index in batch}
+    share = set(given[0])
     if read <= share and read:
         return None
     strays = len(read - share)
@@ -88,8 +114,8 @@ class ShardCheck(Callback):
         self._checked = set()
 
     def _check(self, trainer: Trainer, split: str, loaders: list[Any]) -> None:
-        if split in self._checked or trainer.world_size == 1:
-            return
+        if split in self._checked or trainer.world_size == 1 or not lightning_shards(trainer):
+            return  # (--trainer.use_distributed_sampler false: the loaders are the user's)
         self._checked.add(split)
         for number, loader in enumerate(loaders):
             why = misread_batch_sampler(loader)
