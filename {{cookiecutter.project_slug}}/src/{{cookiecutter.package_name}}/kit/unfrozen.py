@@ -10,7 +10,6 @@ block by its own gradient, and the ranks' copies of it would drift apart unsaid.
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
-from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 
@@ -25,7 +24,7 @@ class UnfrozenGradients(Callback):
     """
 
     def __init__(self) -> None:
-        self._left_out: list[nn.Parameter] = []
+        self._left_out: list[torch.Tensor] = []
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._left_out = []
