@@ -75,18 +75,23 @@ def choose_lock(path: Path, key: str, slug: str) -> None:
 {% endraw %}
 
 def next_steps() -> str:
+    """The README's Start block (its torch line for a machine without an NVIDIA GPU), then
+    uv's way."""
     return f"""
-Rendered {SLUG}/ ({EXAMPLE} example). Next:
+Rendered {SLUG}/ ({EXAMPLE} example). Next, as its README's Start says:
 
     cd {SLUG}
-    pip install torch          # first, the build for your machine (docs/install.md)
-    pip install --require-hashes -r requirements.lock
-    pip install --no-deps -e .
+    python -m venv .venv && source .venv/bin/activate
+    pip install torch --index-url https://download.pytorch.org/whl/cpu  # torch first: no NVIDIA GPU
+    pip install --require-hashes -r requirements.lock   # the rest, as locked (test tools too)
+    pip install --no-deps -e .                          # the project itself
     {SLUG} fit
     pytest
 
-or with uv, the torch build named as an extra (cpu, cu126 or cu130):
+With an NVIDIA GPU, torch's line names its CUDA (docs/install.md). Or with uv, the torch
+build named as an extra (cpu, cu126 or cu130):
 
+    cd {SLUG}
     uv sync --extra cpu --extra dev
     uv run --extra cpu {SLUG} fit
 """

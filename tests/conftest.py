@@ -2,8 +2,11 @@
 
 import itertools
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -76,19 +79,57 @@ def render(output_dir: Path, **answers: str) -> Path:
     )
 
 
+def watched(cmd: list[str], cwd: Path, env: dict, silent_for: float) -> subprocess.CompletedProcess:
+    """Run `cmd` with its output captured. A slow machine is not a failure: only a
+    command that writes nothing for `silent_for` seconds is stopped, with its children,
+    as hung. (Python's children write unbuffered, so a test suite's progress counts.)"""
+    process = subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env={**env, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,  # its own process group, to stop it whole
+    )
+    last = [time.monotonic()]
+    chunks: dict[int, list[bytes]] = {1: [], 2: []}
+
+    def pump(stream, into: list[bytes]) -> None:
+        while chunk := os.read(stream.fileno(), 65536):
+            into.append(chunk)
+            last[0] = time.monotonic()
+
+    pumps = [
+        threading.Thread(target=pump, args=(process.stdout, chunks[1]), daemon=True),
+        threading.Thread(target=pump, args=(process.stderr, chunks[2]), daemon=True),
+    ]
+    for thread in pumps:
+        thread.start()
+    hung = False
+    while process.poll() is None:
+        if time.monotonic() - last[0] > silent_for:
+            hung = True
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            break
+        time.sleep(0.5)
+    for thread in pumps:
+        thread.join()
+    stdout, stderr = (b"".join(chunks[n]).decode(errors="replace") for n in (1, 2))
+    if hung:
+        raise AssertionError(
+            f"{' '.join(cmd)} wrote nothing for {silent_for:.0f} s in {cwd}: stopped as hung\n"
+            f"--- stdout ---\n{stdout[-6000:]}\n--- stderr ---\n{stderr[-6000:]}"
+        )
+    return subprocess.CompletedProcess(cmd, process.returncode, stdout, stderr)
+
+
 def run(
     cmd: list[str], cwd: Path, timeout: float = 600, env: dict | None = None, **more_env: str
 ) -> subprocess.CompletedProcess:
     """Run `cmd` (in `env`, default this one's, plus `more_env`), failing with its
-    output if it exits non-zero."""
-    result = subprocess.run(
-        cmd,
-        cwd=cwd,
-        env={**(os.environ if env is None else env), **more_env},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    output if it exits non-zero, or if it writes nothing for `timeout` seconds."""
+    result = watched(cmd, cwd, {**(os.environ if env is None else env), **more_env}, timeout)
     if result.returncode != 0:
         raise AssertionError(
             f"{' '.join(cmd)} exited {result.returncode} in {cwd}\n"

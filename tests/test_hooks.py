@@ -1,5 +1,6 @@
 """Bad answers stop rendering with one clear message and leave nothing behind."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -7,6 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import TEMPLATE, render
 from cookiecutter.exceptions import FailedHookException
+from test_readme import commands_of
 
 BAD_ANSWERS = [
     ({"package_name": "2fast"}, "package_name '2fast': is not a valid import name"),
@@ -80,10 +82,15 @@ def test_command_line_user_sees_the_message_and_a_failing_exit_code(tmp_path):
 
 
 def test_post_gen_prints_the_next_steps(tmp_path, capfd):
+    """The message gives the rendered README's Start block, the environment first."""
     project = render(tmp_path, project_name="Digit Lab")
     err = capfd.readouterr().err
-    assert "cd digit-lab" in err and "digit-lab fit" in err
     assert project.name == "digit-lab"
+    steps = err.split("Start says:\n\n")[1].split("\n\n")[0]
+    told = [re.sub(r"\s{2,}#.*$", "", line).strip() for line in steps.splitlines()]
+    start = (project / "README.md").read_text().split("## Start")[1].split("\n## ")[0]
+    assert told == ["cd digit-lab", *commands_of(start)]
+    assert told[1] == "python -m venv .venv && source .venv/bin/activate"
 
 
 # Choices and yes/no questions are checked by cookiecutter itself, before the

@@ -83,8 +83,8 @@ def expected_files(package: str, answers: dict) -> set[str]:
     answers = {**DEFAULTS, **answers}
     users = "__init__ __main__ data model project"
     kit = (
-        "__init__ callbacks checkpoints cli console data doctor draws export folder footprint"
-        " hardware health schedules shards unfrozen"
+        "__init__ callbacks checkpoints cli console data doctor draws export export_flags folder"
+        " footprint hardware health schedules shards unfrozen"
         " hints"
         " bench internals machine memory peaks predict repeat resume runs sharding spec stopping"
         " sweep trial watch collectives"
@@ -448,6 +448,16 @@ def test_readme_mentions_only_the_chosen_example(rendered):
         assert "synthetic regression" in readme and "val/acc" not in readme
     else:
         assert "handwritten digits" in readme and "synthetic regression" not in readme
+
+
+def test_the_readme_shows_the_project_py_it_rendered(rendered):
+    """The README's "Make it yours" starts from the rendered `project.py`, word for word."""
+    _, project = rendered
+    readme = (project / "README.md").read_text()
+    shown = readme.split("`project.py` is where your model goes:\n\n```python\n")[1]
+    shown = shown.split("```")[0]
+    spec = next(project.glob("src/*/project.py")).read_text()
+    assert spec.endswith("\n" + shown), f"README shows:\n{shown}\nproject.py has:\n{spec}"
 
 
 @pytest.mark.parametrize(

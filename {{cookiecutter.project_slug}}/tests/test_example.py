@@ -5,11 +5,14 @@ Example test: rewrite or delete this file when you replace the example; every
 other test file is the kit's and runs whatever `project.py` names.
 """
 
+import math
+
 import pytest
 import torch
 from lightning.pytorch import Trainer
 from optuna.trial import FixedTrial
 from support import CONFIGS, FakeClock, configured, main
+from torch import nn
 
 from {{ cookiecutter.package_name }}.data import DigitFiles, DigitsDataModule, write_digit_files
 from {{ cookiecutter.package_name }}.kit.callbacks import find_callback
@@ -35,25 +38,42 @@ def test_the_cnn_maps_images_to_ten_logits():
     assert DigitsCNN(channels=8)(torch.zeros(2, 1, 8, 8)).shape == (2, 10)
 
 
-def cnn_flops_per_sample(channels: int = 32, classes: int = 10) -> int:
-    """The CNN's FLOPs for one training sample, by hand (2 per multiply-add).
+def flops_per_sample_by_hand(network: nn.Module, sample: torch.Tensor) -> int:
+    """The network's FLOPs for one training sample, from its convolutions and linear
+    layers (2 per multiply-add; normalization, activations and pooling count none).
 
-    Forward: conv 1->c and c->c on 8x8, conv c->2c on 4x4, linear 2c*2*2 -> classes.
-    Backward: each layer's weight gradient costs its forward again, and its
-    input gradient once more, except the first conv's (the image needs none).
+    Backward: each layer's weight gradient costs its forward again, and its input
+    gradient once more, except the first layer's (the image needs none).
     """
-    conv1 = 2 * 8 * 8 * channels * 1 * 9
-    conv2 = 2 * 8 * 8 * channels * channels * 9
-    conv3 = 2 * 4 * 4 * (2 * channels) * channels * 9
-    linear = 2 * (2 * channels * 2 * 2) * classes
-    forward = conv1 + conv2 + conv3 + linear
-    return forward + conv1 + 2 * (conv2 + conv3 + linear)
+    forwards = []
+
+    def count(layer: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
+        if isinstance(layer, nn.Conv2d):
+            per_output = layer.in_channels // layer.groups * math.prod(layer.kernel_size)
+            forwards.append(2 * output.numel() * per_output)
+        else:
+            forwards.append(2 * layer.in_features * layer.out_features)
+
+    layers = [m for m in network.modules() if isinstance(m, nn.Conv2d | nn.Linear)]
+    hooks = [layer.register_forward_hook(count) for layer in layers]
+    with torch.no_grad():
+        network.eval()(sample.unsqueeze(0))
+    for hook in hooks:
+        hook.remove()
+    return sum(forwards) + forwards[0] + 2 * sum(forwards[1:])
 
 
 def test_the_health_report_counts_the_cnns_flops_exactly(workdir):
     cli = main(["fit", "--trainer.max_steps=1", "--trainer.logger=false", "--data.batch_size=16"])
     health = find_callback(cli.trainer, TrainingHealth)
-    assert health.flops_per_batch == 16 * cnn_flops_per_sample() == 16 * 5_397_504
+    expected = 16 * flops_per_sample_by_hand(cli.model.net, torch.zeros(1, 8, 8))
+    assert health.flops_per_batch == expected, (
+        f"the health report counts {health.flops_per_batch} FLOP for a batch of 16, the"
+        f" network's convolutions and linear layers {expected}: a layer of another kind needs"
+        " its count in flops_per_sample_by_hand (tests/test_example.py)"
+    )
+    # By hand for the default 32 channels: 5,397,504 a sample.
+    assert flops_per_sample_by_hand(DigitsCNN(), torch.zeros(1, 8, 8)) == 5_397_504
 
 
 def test_optimizer_and_scheduler_are_chosen_from_the_command_line():
@@ -157,9 +177,11 @@ Example test: rewrite or delete this file when you replace the example; every
 other test file is the kit's and runs whatever `project.py` names.
 """
 
+import pytest
 import torch
 from optuna.trial import FixedTrial
 from support import CONFIGS, configured, main
+from torch import nn
 
 from {{ cookiecutter.package_name }}.data import SyntheticRegressionDataModule
 from {{ cookiecutter.package_name }}.kit.callbacks import find_callback
@@ -182,11 +204,17 @@ def test_the_split_is_70_15_15_and_the_same_every_time():
 def test_the_health_report_counts_the_mlps_flops_exactly(workdir):
     cli = main(["fit", "--trainer.max_steps=1", "--trainer.logger=false", "--data.batch_size=16"])
     health = find_callback(cli.trainer, TrainingHealth)
-    # By hand, 2 FLOPs per multiply-add: forward 16->32->1; backward, each layer's
-    # weight gradient again, and the second layer's input gradient.
-    forward = 2 * (16 * 32 + 32 * 1)
-    backward = 2 * 16 * 32 + 2 * (2 * 32 * 1)
-    assert health.flops_per_batch == 16 * (forward + backward) == 16 * 2240
+    # By hand, 2 FLOPs per multiply-add: forward through each linear layer (16->32->1 by
+    # default: 1,088); backward, each layer's weight gradient again, and every layer's
+    # input gradient but the first's (the features need none).
+    layers = [m for m in cli.model.modules() if isinstance(m, nn.Linear)]
+    forwards = [2 * layer.in_features * layer.out_features for layer in layers]
+    expected = 16 * (sum(forwards) + forwards[0] + 2 * sum(forwards[1:]))
+    assert health.flops_per_batch == expected, (
+        f"the health report counts {health.flops_per_batch} FLOP for a batch of 16, the"
+        f" network's linear layers {expected}: a layer of another kind needs its count here"
+        " (tests/test_example.py)"
+    )
 
 
 def test_the_mlp_maps_features_to_one_output():
@@ -227,3 +255,23 @@ def test_the_sweep_searches_flags_of_this_example():
         }
         cli = configured(*as_flags(suggest(FixedTrial(chosen), space)))
         assert cli.model.hparams  # built with the trial's values
+
+
+def test_every_model_and_data_flag_says_what_it_does(capsys):
+    """`fit --help` describes each `--model.*` and `--data.*` flag, from the `Args:` of
+    the classes' docstrings: document your own the same way."""
+    with pytest.raises(SystemExit):
+        main(["fit", "--help"])
+    flags: dict[str, str] = {}
+    name = None
+    for line in capsys.readouterr().out.splitlines():
+        if line.startswith(("  --model.", "  --data.")):
+            name, _, text = line.strip().partition("  ")
+            flags[name] = text
+        elif name is not None and line.startswith("      "):
+            flags[name] += " " + line.strip()
+        else:
+            name = None
+    assert len(flags) > 5
+    undescribed = [n for n, text in flags.items() if not text.split("(type:")[0].strip()]
+    assert not undescribed, f"no description in --help: {undescribed}"

@@ -25,10 +25,12 @@ COMMANDS = {
 
 
 # The kit's tools, each run by the kit module of its name (`main(argv, project)`); its
-# `parser` answers `--help` before the project is imported (and, but for export's,
-# before Lightning is). Not one argparse tree of subcommands: it builds every
-# subcommand's parser, importing every tool, to answer any one command.
+# `parser` answers `--help` before the project, torch or Lightning is imported. Not one
+# argparse tree of subcommands: it builds every subcommand's parser, importing every
+# tool, to answer any one command.
 TOOLS = ("export", "sweep", "repeat", "bench")
+# Where a tool's `parser` is, when not in its own module: export's work imports torch.
+PARSERS = {"export": "export_flags"}
 # `python -m` runs this module as __main__, with __package__ set.
 PACKAGE = __name__.rpartition(".")[0] or str(__package__)
 
@@ -73,9 +75,10 @@ def main(argv: list[str] | None = None) -> int:
         # The project (and with it Lightning) is imported only for `doctor --memory`.
         return doctor(words[1:], command=f"{command()} doctor", project=project)
     if first in TOOLS:
-        tool = importlib.import_module(f"{PACKAGE}.kit.{first}")
         if any(word in ("-h", "--help") for word in words[1:]):
-            tool.parser(command()).parse_known_args(words[1:])  # prints the help and exits
+            flags = importlib.import_module(f"{PACKAGE}.kit.{PARSERS.get(first, first)}")
+            flags.parser(command()).parse_known_args(words[1:])  # prints the help and exits
+        tool = importlib.import_module(f"{PACKAGE}.kit.{first}")
         return with_project(tool.main, words[1:])
     if first not in COMMANDS and not first.startswith("-"):
         close = difflib.get_close_matches(first, COMMANDS, n=1)

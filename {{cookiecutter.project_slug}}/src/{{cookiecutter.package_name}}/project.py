@@ -12,25 +12,22 @@ from .kit.spec import Project
 from .model import DigitsClassifier
 
 PROJECT = Project(
-    model=DigitsClassifier,
-    datamodule=DigitsDataModule,
-    monitor="val/acc",  # the metric that picks the best checkpoint
+    model=DigitsClassifier,  # a LightningModule: --model.* are its __init__ arguments
+    datamodule=DigitsDataModule,  # a LightningDataModule: --data.* are its
+    monitor="val/acc",  # logged by its validation_step; picks the best checkpoint
     mode="max",  # which way is better
 )
-# What the default `fit` reaches (`pytest -m target` holds it to that).
-TARGET = 0.97
+TARGET = 0.97  # what the default `fit` reaches (`pytest -m target` holds it to that)
 {%- else -%}
 from .data import SyntheticRegressionDataModule
 from .kit.spec import Project
 from .model import Regressor
 
 PROJECT = Project(
-    model=Regressor,
-    datamodule=SyntheticRegressionDataModule,
-    monitor="val/loss",  # the metric that picks the best checkpoint
+    model=Regressor,  # a LightningModule: --model.* are its __init__ arguments
+    datamodule=SyntheticRegressionDataModule,  # a LightningDataModule: --data.* are its
+    monitor="val/loss",  # logged by its validation_step; picks the best checkpoint
     mode="min",  # which way is better
 )
-# What the default `fit` reaches (`pytest -m target` holds it to that; the noise
-# floor of the data is 0.1**2 = 0.01).
-TARGET = 0.03
+TARGET = 0.03  # what the default `fit` reaches (`pytest -m target` holds it to that)
 {%- endif %}

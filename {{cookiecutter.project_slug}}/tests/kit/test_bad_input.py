@@ -73,7 +73,7 @@ CASES = {
     "checkpoint.async that is not true or false": (
         ["fit", "--checkpoint.async=maybe"],
         {},
-        "error: checkpoint.async='maybe': must be true or false",
+        "error: checkpoint.async=maybe: expected bool",
     ),
     "checkpoint path that is a folder": (
         ["validate", "--ckpt_path=a-folder"],

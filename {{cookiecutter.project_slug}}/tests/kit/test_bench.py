@@ -141,10 +141,10 @@ def test_the_step_alone_and_the_loop_are_timed_by_the_health_clock(workdir, monk
     ("flags", "said"),
     [
         (["--steps", "1"], "--steps 1: must be 2 or more"),
-        (["--batch-size", "many"], "--batch-size many: must be a positive whole number or auto"),
+        (["--batch_size", "many"], "--batch_size many: must be a positive whole number or auto"),
         (
-            ["--batch-size", "auto", "--", "--trainer.accelerator=cpu"],
-            "--batch-size auto: it finds the largest batch that fits a GPU's memory",
+            ["--batch_size", "auto", "--", "--trainer.accelerator=cpu"],
+            "--batch_size auto: it finds the largest batch that fits a GPU's memory",
         ),
     ],
 )

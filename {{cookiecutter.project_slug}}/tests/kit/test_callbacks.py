@@ -6,6 +6,7 @@ Kit test: the fit runs whatever model and data `project.py` names.
 """
 
 import logging
+import sys
 from collections import Counter
 from datetime import timedelta
 from types import SimpleNamespace
@@ -29,7 +30,7 @@ from {{ cookiecutter.package_name }}.kit.callbacks import (
     torch_build,
 )
 from {{ cookiecutter.package_name }}.kit.checkpoints import BestAndLast
-from {{ cookiecutter.package_name }}.kit.console import Summary, TQDMBar, TrainLoss
+from {{ cookiecutter.package_name }}.kit.console import EpochLines, Summary, TQDMBar, TrainLoss
 from {{ cookiecutter.package_name }}.kit.doctor import cuda_devices
 from {{ cookiecutter.package_name }}.kit.health import TrainingHealth
 
@@ -197,11 +198,24 @@ def test_the_bar_redraws_every_interval_and_at_the_last_batch(tmp_path, monkeypa
     assert shown["shown"] == 8.0 and "v_num" not in shown  # the logger's version is not shown
 
 
-def test_the_cli_uses_the_bar_and_leaves_it_out_when_disabled(workdir):
+def test_the_cli_uses_the_bar_and_leaves_it_out_when_disabled(workdir, monkeypatch):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # a terminal
     cli = main(["--trainer.logger=false"], run=False)
     assert type(cli.trainer.progress_bar_callback) is TQDMBar
     cli = main(["--trainer.logger=false", "--trainer.enable_progress_bar=false"], run=False)
     assert cli.trainer.progress_bar_callback is None
+
+
+def test_a_log_file_gets_a_line_an_epoch_instead_of_a_bar(workdir, capsys):
+    """Where stderr is no terminal (a file, a pipe, a job's log), no bar redraws: one
+    line an epoch, with the metrics a bar would show."""
+    epochs = ["--trainer.max_epochs=2", "--trainer.limit_train_batches=2"]
+    cli = main(["fit", "--trainer.log_every_n_steps=1", "--trainer.limit_val_batches=2", *epochs])
+    assert type(cli.trainer.progress_bar_callback) is EpochLines
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("Epoch")]
+    assert [line.split(":")[0] for line in lines] == ["Epoch 0", "Epoch 1"]
+    assert all("train/loss " in line for line in lines)  # the kit's, on any project
+    assert "\r" not in "".join(lines) and "it/s" not in "".join(lines)
 
 
 class Counts(Callback):
@@ -250,7 +264,7 @@ def test_the_cli_trainer_calls_three_callbacks_a_step_and_profiles_nothing(workd
     """Lightning calls every hook of every callback, about six a step: the kit's own are one."""
     cli = main(["fit", "--trainer.logger=false", "--trainer.fast_dev_run=true"])
     names = [type(callback).__name__ for callback in cli.trainer.callbacks]
-    kits = ("KitCallbacks", "TQDMBar", "BestAndLast")
+    kits = ("KitCallbacks", "EpochLines", "BestAndLast")  # no terminal here: no bar
     assert [name for name in names if name in kits] == list(kits)
     # Any other is the project's own: from its configs, or its module's configure_callbacks.
     theirs = [*configured().trainer.callbacks, *listed(cli.model.configure_callbacks())]

@@ -39,6 +39,17 @@ from support import (
 )
 
 from {{ cookiecutter.package_name }}.__main__ import main as command
+from {{ cookiecutter.package_name }}.kit import (
+    checkpoints,
+    console,
+    hardware,
+    health,
+    predict,
+    resume,
+    runs,
+    spec,
+    watch,
+)
 from {{ cookiecutter.package_name }}.kit.cli import LIBRARY_NOISE, ConfigError, manual_optimization
 from {{ cookiecutter.package_name }}.project import TARGET
 
@@ -60,6 +71,75 @@ def test_help_lists_every_command(capsys):
     out = capsys.readouterr().out
     for name in ("fit", "validate", "test", "predict", "doctor", "export"):
         assert f"\n  {name} " in out, name
+
+
+def help_of(capsys, *args: str) -> dict[str, list[str]]:
+    """`fit --help`, as its groups: the heading, then each flag's lines."""
+    with pytest.raises(SystemExit):
+        main(["fit", "--help", *args])
+    groups: dict[str, list[str]] = {}
+    for block in capsys.readouterr().out.split("\n\n"):
+        heading, _, rest = block.partition("\n")
+        groups[heading] = rest.splitlines()
+    return groups
+
+
+def described(lines: list[str]) -> dict[str, str]:
+    """Each flag of a group's help, and what its help says before `(type: ...)`."""
+    flags: dict[str, str] = {}
+    name = None
+    for line in lines:
+        if line.startswith("  --"):
+            name, _, text = line.strip().partition("  ")
+            flags[name] = text.strip()
+        elif name is not None:
+            flags[name] += " " + line.strip()
+    return {name: text.split("(type:")[0].strip() for name, text in flags.items()}
+
+
+KIT_GROUPS = (
+    "checkpoint",
+    "train_loss",
+    "divergence",
+    "distributed",
+    "fsdp",
+    "health",
+    "resume_state",
+    "compile",
+    "fit_result",
+    "predictions",
+)
+
+
+def test_the_help_describes_every_flag_of_the_kit_and_names_each_group(capsys):
+    """Each kit flag says what it does (from its class's `Args:`), no type prints as
+    Untyped, and each group's heading is its class's first line, a whole sentence."""
+    groups = help_of(capsys)
+    seen = set()
+    for heading, lines in groups.items():
+        for flag, text in described(lines).items():
+            assert "Untyped" not in text and "Untyped" not in " ".join(lines), flag
+            key = flag.split()[0].removeprefix("--").split(".")[0]
+            if key in KIT_GROUPS and not flag.startswith(f"--{key} CONFIG"):
+                seen.add(key)
+                assert text, f"{flag}: no description in --help (its class's Args:)"
+                assert heading.endswith(":") and not heading.endswith(",:"), heading
+    assert seen == set(KIT_GROUPS)
+    classes = (
+        checkpoints.BestAndLast,
+        console.TrainLoss,
+        watch.Divergence,
+        watch.RankWatch,
+        spec.FSDPOptions,
+        health.TrainingHealth,
+        resume.ResumeState,
+        hardware.CompileNetwork,
+        runs.FitResult,
+        predict.PredictionWriter,
+    )
+    for kind in classes:
+        first = (kind.__doc__ or "").strip().splitlines()[0]
+        assert first.endswith("."), f"{kind.__name__}: its heading is cut: {first!r}"
 
 
 def test_an_unknown_command_is_named_with_the_closest_one(capsys):

@@ -45,6 +45,8 @@ def fake_torch(**overrides) -> dict:
 
 
 NO_GPU = {"cuda_available": False, "device_count": 0, "devices": []}
+# torch's CPU-only build, as on a laptop or a CI runner
+CPU_BUILD = {"version": "2.5.1+cpu", "cuda_build": None, "cudnn_available": False, **NO_GPU}
 
 
 @pytest.fixture
@@ -93,29 +95,56 @@ def run_doctor(monkeypatch, capsys, torch_facts: dict | None, *args: str) -> tup
 
 def test_cpu_build_on_a_machine_with_a_driver(monkeypatch, capsys, fake_nvidia_smi):
     fake_nvidia_smi()
-    cpu_build = fake_torch(version="2.5.1+cpu", cuda_build=None, cudnn_available=False, **NO_GPU)
+    cpu_build = fake_torch(**CPU_BUILD)
     code, out = run_doctor(monkeypatch, capsys, cpu_build)
     assert code == 0
     assert "torch 2.5.1+cpu is a CPU-only build, but this machine has an NVIDIA driver" in out
     assert "(550.54.14)" in out and "Fix: Reinstall torch with the CUDA build" in out
     assert "no newer than 12.4" in out
     assert "Result: no usable GPU, so training would run on the CPU; see the problems above." in out
-    code, out = run_doctor(monkeypatch, capsys, cpu_build, "--require-gpu")
+    code, out = run_doctor(monkeypatch, capsys, cpu_build, "--require_gpu")
     assert code == 1 and "no usable GPU" in out
 
 
 def test_a_machine_without_a_gpu_is_a_fact_not_a_problem(monkeypatch, capsys, no_nvidia_smi):
-    code, out = run_doctor(monkeypatch, capsys, fake_torch(**NO_GPU))
+    code, out = run_doctor(monkeypatch, capsys, fake_torch(**CPU_BUILD))
     assert code == 0
     assert "No problems found." in out and "Problems:" not in out
     assert "Result: no GPU on this machine: training runs on the CPU." in out
-    code, out = run_doctor(monkeypatch, capsys, fake_torch(**NO_GPU), "--require-gpu")
-    assert code == 1 and "doctor --require-gpu: no usable GPU" in out
+    code, out = run_doctor(monkeypatch, capsys, fake_torch(**CPU_BUILD), "--require_gpu")
+    assert code == 1 and "doctor --require_gpu: no usable GPU" in out
+
+
+def test_a_cuda_build_on_a_machine_without_a_driver(monkeypatch, capsys, no_nvidia_smi):
+    """PyPI's Linux torch is a CUDA build: on a CPU machine it trains on the CPU and its
+    CUDA libraries fill gigabytes for nothing. The fix names the CPU build's command."""
+    cuda_build = fake_torch(version="2.14.1+cu130", cuda_build="13.0", cuda_libraries_bytes=4.33e9)
+    code, out = run_doctor(monkeypatch, capsys, {**cuda_build, **NO_GPU})
+    assert code == 0
+    assert (
+        "torch 2.14.1+cu130 is a CUDA 13.0 build, but this machine has no NVIDIA driver (no"
+        " nvidia-smi): it trains on the CPU, and its CUDA libraries take 4.3 GB of disk." in out
+    )
+    fix = "pip install torch==2.14.1 --index-url https://download.pytorch.org/whl/cpu"
+    assert fix in out and "No problems found." not in out
+
+
+def test_a_release_the_kit_was_not_checked_on_is_a_line_not_a_problem(
+    monkeypatch, capsys, no_nvidia_smi
+):
+    newer = {"torch": "2.15.0 (checked on 2.13.0)"}
+    monkeypatch.setattr(doctor, "unchecked_releases", lambda: newer)
+    code, out = run_doctor(monkeypatch, capsys, fake_torch(**CPU_BUILD))
+    assert code == 0 and "No problems found." in out
+    assert (
+        "Not yet checked by the kit: torch 2.15.0 (checked on 2.13.0); `pytest"
+        " tests/kit/test_internals.py` says whether the private names it uses still work" in out
+    )
 
 
 def test_driver_too_old_for_the_cuda_torch_was_built_with(monkeypatch, capsys, fake_nvidia_smi):
     fake_nvidia_smi(driver="525.60.13", cuda="12.0")
-    code, out = run_doctor(monkeypatch, capsys, fake_torch(**NO_GPU), "--require-gpu")
+    code, out = run_doctor(monkeypatch, capsys, fake_torch(**NO_GPU), "--require_gpu")
     assert code == 1
     assert (
         "The NVIDIA driver 525.60.13 supports CUDA up to 12.0, but torch 2.5.1+cu124 was built "
@@ -128,7 +157,7 @@ def test_driver_too_old_for_the_cuda_torch_was_built_with(monkeypatch, capsys, f
 def test_cuda_visible_devices_hiding_every_gpu(monkeypatch, capsys, fake_nvidia_smi, value):
     fake_nvidia_smi(gpus=2)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
-    code, out = run_doctor(monkeypatch, capsys, fake_torch(**NO_GPU), "--require-gpu")
+    code, out = run_doctor(monkeypatch, capsys, fake_torch(**NO_GPU), "--require_gpu")
     assert code == 1
     assert f"CUDA_VISIBLE_DEVICES={value!r} hides every GPU (nvidia-smi lists 2)." in out
     assert "unset CUDA_VISIBLE_DEVICES" in out
@@ -168,7 +197,7 @@ def test_torch_that_does_not_import(monkeypatch, capsys, no_nvidia_smi):
 
 def test_healthy_gpu_machine(monkeypatch, capsys, fake_nvidia_smi):
     fake_nvidia_smi(gpus=1)
-    code, out = run_doctor(monkeypatch, capsys, fake_torch(), "--require-gpu")
+    code, out = run_doctor(monkeypatch, capsys, fake_torch(), "--require_gpu")
     assert code == 0
     assert "No problems found." in out
     assert "GPU 0: NVIDIA H100 80GB HBM3 | compute capability 9.0" in out
@@ -180,7 +209,7 @@ def test_healthy_gpu_machine(monkeypatch, capsys, fake_nvidia_smi):
 def test_json_has_the_same_facts(monkeypatch, capsys, fake_nvidia_smi):
     fake_nvidia_smi(gpus=2)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    code, out = run_doctor(monkeypatch, capsys, fake_torch(**NO_GPU), "--json", "--require-gpu")
+    code, out = run_doctor(monkeypatch, capsys, fake_torch(**NO_GPU), "--json", "--require_gpu")
     report = json.loads(out)
     assert code == 1 and report["ok"] is False
     assert report["torch"]["cuda_build"] == "12.4"
@@ -217,7 +246,7 @@ def test_doctor_says_on_which_processes_and_batches_a_checkpoint_resumes(
     saved = torch.load(trained_checkpoint, weights_only=True)
     state = saved["callbacks"]["KitCallbacks"]["ResumeState"]
     size = state["batch_size"]
-    assert doctor.main(["--ckpt", str(trained_checkpoint)]) == 0
+    assert doctor.main(["--ckpt_path", str(trained_checkpoint)]) == 0
     out = capsys.readouterr().out
     assert f"global batch {size} = {size} per device x 1 x 1 accumulated" in out
     kept = all(state["loaders"])  # a loader that keeps its position: the same run
@@ -230,7 +259,7 @@ def test_doctor_says_on_which_processes_and_batches_a_checkpoint_resumes(
     for processes in (2, 4):  # the example's batch: a power of two
         if size % processes == 0:
             assert f"    {processes}: {size // processes} x 1\n" in out
-    assert doctor.main(["--ckpt", "missing.ckpt"]) == 2
+    assert doctor.main(["--ckpt_path", "missing.ckpt"]) == 2
     assert "checkpoint 'missing.ckpt' does not exist" in capsys.readouterr().err
 
 
@@ -266,13 +295,13 @@ def test_nccl_variables_say_what_they_cost():
 def test_more_ranks_than_visible_gpus_is_not_launched(monkeypatch, capsys, no_nvidia_smi):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     two_gpus = fake_torch(device_count=2, devices=fake_torch()["devices"] * 2)
-    code, out = run_doctor(monkeypatch, capsys, two_gpus, "--distributed", "--world-size", "4")
+    code, out = run_doctor(monkeypatch, capsys, two_gpus, "--distributed", "--world_size", "4")
     assert code == 1
     assert (
-        "--world-size 4 asks for 4 GPUs, but 2 are visible (CUDA_VISIBLE_DEVICES='0,1'): NCCL"
+        "--world_size 4 asks for 4 GPUs, but 2 are visible (CUDA_VISIBLE_DEVICES='0,1'): NCCL"
         " needs a GPU of its own for each rank." in out
     )
-    assert "Fix: Pass --world-size 2 or fewer, or list more GPUs in CUDA_VISIBLE_DEVICES" in out
+    assert "Fix: Pass --world_size 2 or fewer, or list more GPUs in CUDA_VISIBLE_DEVICES" in out
     assert "Distributed: 4 rank(s), nccl on GPUs" in out and "Result: not run" in out
     assert collectives.hidden_devices(4, 0, {}) == []  # on the CPU: gloo, any number of ranks
 
@@ -345,7 +374,7 @@ def test_a_rank_that_never_arrives_is_named_within_the_timeout(monkeypatch, caps
     monkeypatch.setattr(collectives, "check", lambda *args, **kw: check(*args, **kw, ranks=[0]))
     # A forked rank arrives at once; a spawned one (CUDA initialised here) imports torch first.
     timeout = "1" if sys.platform == "linux" and not torch.cuda.is_initialized() else "60"
-    args = ("--distributed", "--world-size", "2", "--timeout", timeout)
+    args = ("--distributed", "--world_size", "2", "--timeout", timeout)
     code, out = run_doctor(monkeypatch, capsys, fake_torch(**NO_GPU), *args)
     assert code == 1
     assert "| arrived: 0 | did not arrive: 1" in out
@@ -359,5 +388,17 @@ def test_distributed_flags_only_with_distributed(capsys):
     assert "--timeout: only with --distributed" in capsys.readouterr().err
     assert doctor.main(["--distributed", "--timeout", "0"]) == 2
     assert "error: --timeout 0: must be above 0" in capsys.readouterr().err
-    assert doctor.main(["--distributed", "--world-size", "-1"]) == 2
-    assert "error: --world-size -1: must be above 0" in capsys.readouterr().err
+    assert doctor.main(["--distributed", "--world_size", "-1"]) == 2
+    assert "error: --world_size -1: must be above 0" in capsys.readouterr().err
+
+
+def test_the_dashed_spellings_are_aliases_of_the_underscored(capsys):
+    """The tools spell their flags as the training commands do (`--world_size`, like
+    `--data.batch_size`); the dashed forms still work."""
+    for spelling in ("--world_size", "--world-size"):
+        assert doctor.main([spelling, "2"]) == 2
+        assert "error: --world_size: only with --memory or --distributed" in (
+            capsys.readouterr().err
+        )
+    assert doctor.main(["--ckpt", "missing.ckpt"]) == doctor.main(["--ckpt_path", "missing.ckpt"])
+    assert "--require_gpu, --require-gpu" in doctor.parser().format_help()

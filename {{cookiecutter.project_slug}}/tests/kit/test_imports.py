@@ -103,6 +103,7 @@ TOOLS = {
     "collectives",
     "doctor",
     "export",
+    "export_flags",
     "folder",
     "memory",
     "repeat",

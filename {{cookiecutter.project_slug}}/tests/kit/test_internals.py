@@ -10,7 +10,7 @@ import importlib
 import inspect
 import os
 import signal
-from importlib.metadata import version
+from importlib import metadata
 
 import pytest
 import torch
@@ -330,22 +330,20 @@ def test_optunas_heartbeat_and_trial_table():
     assert table.__tablename__ == "trials" and hasattr(table, "state")
 
 
-def test_the_releases_checked_on_are_the_ones_installed():
-    """The private names above were checked on CHECKED_ON's releases: another release
-    installed (a patch of torch aside) is named here, to check them on and update it."""
-    checked = internals.CHECKED_ON
-    assert set(checked) == {"lightning", "jsonargparse", "torch", "optuna"}
-    # torch's local build tag (+cpu, +cu130) and patch number are not a new release here.
-    parts = {"lightning": 3, "jsonargparse": 3, "torch": 2, "optuna": 2}
-    release = {
-        name: ".".join(version(name).split("+")[0].split(".")[:n]) for name, n in parts.items()
-    }
-    differ = {
-        name: f"checked on {checked[name]}, installed {version(name)}"
-        for name, n in parts.items()
-        if release[name] != ".".join(checked[name].split(".")[:n])
-    }
-    print(differ or "CHECKED_ON is what is installed")
-    assert not differ, (
-        f"{differ}: run tests/kit/test_internals.py on these and set kit/internals.py's CHECKED_ON"
-    )
+def test_releases_other_than_the_checked_ones_are_named_not_failed(monkeypatch):
+    """Another release than CHECKED_ON's is named (doctor prints it), never a failure:
+    the tests above say whether the private names still work on it."""
+    assert set(internals.CHECKED_ON) == set(internals.RELEASE_PARTS)
+    print(internals.unchecked_releases() or "CHECKED_ON is what is installed")
+    installed = {"lightning": "2.7.0", "torch": "2.13.1+cu130", "optuna": "5.1.0"}
+
+    def version(name: str) -> str:
+        if name not in installed:
+            raise metadata.PackageNotFoundError(name)
+        return installed[name]
+
+    monkeypatch.setattr(internals, "CHECKED_ON", {**internals.CHECKED_ON, "torch": "2.13.0"})
+    monkeypatch.setattr(internals.metadata, "version", version)
+    # a torch patch or build tag is the same release; a package not installed is left out
+    checked = internals.CHECKED_ON["lightning"]
+    assert internals.unchecked_releases() == {"lightning": f"2.7.0 (checked on {checked})"}

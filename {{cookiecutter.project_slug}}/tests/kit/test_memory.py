@@ -145,21 +145,21 @@ def test_the_verdict_names_the_fsdp_config_exactly_when_only_fsdp_fits():
 
 def test_without_a_gpu_or_a_figure_there_is_nothing_to_compare_with():
     kind, advice = memory.verdict(PerRank(1, 1, 1, 1), PerRank(1, 1, 1, 1), [], 1)
-    assert kind == "no-gpu" and "--devices-free-gib" in advice
+    assert kind == "no-gpu" and "--devices_free_gib" in advice
 
 
 def test_a_bad_world_size_names_the_value_and_the_rule(capsys):
-    with pytest.raises(ValueError, match=r"--world-size 0: must be 1 or more"):
+    with pytest.raises(ValueError, match=r"--world_size 0: must be 1 or more"):
         per_rank([Param((4,), 4)], 0, sharded=True)
-    code = doctor.main(["--memory", "--world-size", "0"], project=PROJECT)
+    code = doctor.main(["--memory", "--world_size", "0"], project=PROJECT)
     assert code == 2
     assert (
-        "error: --world-size 0: must be 1 or more (the number of ranks" in capsys.readouterr().err
+        "error: --world_size 0: must be 1 or more (the number of ranks" in capsys.readouterr().err
     )
-    assert doctor.main(["--world-size", "2"]) == 2  # without --memory
-    assert "--world-size: only with --memory" in capsys.readouterr().err
-    code = doctor.main(["--memory", "--devices-free-gib", "0"], project=PROJECT)
-    assert code == 2 and "--devices-free-gib 0: must be above 0" in capsys.readouterr().err
+    assert doctor.main(["--world_size", "2"]) == 2  # without --memory
+    assert "--world_size: only with --memory" in capsys.readouterr().err
+    code = doctor.main(["--memory", "--devices_free_gib", "0"], project=PROJECT)
+    assert code == 2 and "--devices_free_gib 0: must be above 0" in capsys.readouterr().err
 
 
 def expected_figures() -> tuple[int, int]:
@@ -173,7 +173,7 @@ def expected_figures() -> tuple[int, int]:
 
 def test_doctor_memory_prints_the_table_for_the_project(capsys):
     code = doctor.main(
-        ["--memory", "--world-size", "2", "--devices-free-gib", "1000", "--precision", "32-true"],
+        ["--memory", "--world_size", "2", "--devices_free_gib", "1000", "--precision", "32-true"],
         project=PROJECT,
     )
     out = capsys.readouterr().out
@@ -184,13 +184,13 @@ def test_doctor_memory_prints_the_table_for_the_project(capsys):
     for row in ("parameters", "gradients", "optimizer state", "activations", "total"):
         assert f"\n{row} " in out
     assert re.search(r"\nactivations +\S+ \w+ +\S+ \w+   \((peak of one (step|real CPU step))", out)
-    assert "GPUs: 2 x 1000 GiB free each (given: --devices-free-gib)" in out
+    assert "GPUs: 2 x 1000 GiB free each (given: --devices_free_gib)" in out
     assert "verdict: DDP fits" in out  # an example's model, on a thousand GiB
 
 
 def test_doctor_memory_json_has_the_figures_in_bytes(capsys):
     code = doctor.main(
-        ["--memory", "--json", "--world-size", "1", "--precision", "32-true"], project=PROJECT
+        ["--memory", "--json", "--world_size", "1", "--precision", "32-true"], project=PROJECT
     )
     report = json.loads(capsys.readouterr().out)
     plan = report["memory"]

@@ -68,6 +68,7 @@ def test_resuming_a_finished_run_says_so_and_how_to_continue(trained_checkpoint,
         cli = main(["fit", "--ckpt_path=last", "--trainer.max_epochs=2"])
     assert "is from a finished run: it already trained 2 epochs (max_epochs=2)" in caplog.text
     assert "raise --trainer.max_epochs (e.g. 4)" in caplog.text
+    assert "Training health" not in caplog.text  # the old run's: it trained nothing now
     assert cli.trainer.global_step > 0 and run_dirs(workdir) == [run]
 
 

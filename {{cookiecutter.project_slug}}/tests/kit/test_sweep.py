@@ -156,7 +156,9 @@ def test_sweep_options_and_fit_flags_are_told_apart():
     [
         ("sweep", ["--workers", "--storage"]),
         ("repeat", ["--seeds N", "--folds K"]),
-        ("bench", ["--steps", "--batch-size"]),
+        ("bench", ["--steps", "--batch_size"]),
+        ("export", ["--ckpt_path", "--output", "--format"]),
+        ("doctor", ["--ckpt_path", "--world_size", "--memory"]),
     ],
 )
 def test_a_command_is_listed_and_its_help_needs_no_lightning(capsys, name, flags):
@@ -287,7 +289,7 @@ def _short_sweep(folder: Path) -> None:
         "--sampler=grid",
         "--pruner=threshold",
         f"--threshold={IMPOSSIBLE}",
-        "--warmup-epochs=1",
+        "--warmup_epochs=1",
         "--",
         "--trainer.limit_train_batches=2",
         "--trainer.deterministic=true",  # so that the best config trains to the same score

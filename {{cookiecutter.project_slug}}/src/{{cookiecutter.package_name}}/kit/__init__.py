@@ -6,8 +6,8 @@ rarely need to edit it.
 
 Two layers, imports running one way (tests/kit/test_imports.py holds them):
 
-    tools      doctor  memory  collectives  bench  export  folder  sweep  trial  repeat
-               stopping
+    tools      doctor  memory  collectives  bench  export  export_flags  folder  sweep
+               trial  repeat  stopping
                  |  each a command of its own, built on the core
                  v
     run core   cli (fit, validate, test, predict) and what it imports: spec,
@@ -47,6 +47,7 @@ sharding and hints only for an FSDP run and a failure.
     machine      the torch build and the GPUs, for the doctor and the report
     internals    every private name of Lightning, torch and Optuna the kit uses
     export       `export`: the trained network, loadable without the checkpoint
+    export_flags `export`'s flags, which answer `--help` without torch or Lightning
     folder       `export --output DIR/`: safetensors, config.json and a model card
     sweep        `sweep`: an Optuna study over fit's flags, its storage and workers
     trial        one trial of a sweep: a fit with its flags, pruned on the metric

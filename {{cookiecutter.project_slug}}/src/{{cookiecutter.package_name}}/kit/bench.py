@@ -2,7 +2,7 @@
 
     <command> bench                        # 50 steps of each measurement
     <command> bench --steps 200 --json     # the figures, for tools
-    <command> bench --batch-size auto      # the largest batch that fits the GPU first
+    <command> bench --batch_size auto      # the largest batch that fits the GPU first
     <command> bench -- --config configs/gpu.yaml
 
 Three measurements of the project's own model and data, on this machine, with
@@ -74,6 +74,7 @@ def parser(command: str = "<command>") -> argparse.ArgumentParser:
         help="training steps of (b) and (c), batches of (a) (default: %(default)s)",
     )
     parser.add_argument(
+        "--batch_size",
         "--batch-size",
         default=None,
         help="the per-device batch size (--data.batch_size), or 'auto': the largest that fits"
@@ -132,7 +133,7 @@ def verdict(figures: Figures) -> tuple[str, str]:
     idle = f.idle_share or 0.0
     slow_loop = loop is not None and step is not None and loop < HOST_BOUND_BELOW * step
     if slow_loop or idle > IDLE_BETWEEN_STEPS_ABOVE:
-        fixes = ["a bigger batch (--data.batch_size, or --batch-size auto on a GPU)"]
+        fixes = ["a bigger batch (--data.batch_size, or --batch_size auto on a GPU)"]
         if not f.compiled:
             fixes.append("--compile.enabled true (fewer kernel launches)")
         if on_cuda:
@@ -307,12 +308,12 @@ class Bench:
         cli = self.build()
         if cli.trainer.strategy.root_device.type != "cuda":
             raise BenchError(
-                "--batch-size auto: it finds the largest batch that fits a GPU's memory, and this"
+                "--batch_size auto: it finds the largest batch that fits a GPU's memory, and this"
                 " run is on the CPU, whose memory is not the limit; give a number instead"
             )
         if not hasattr(cli.datamodule, "batch_size"):
             raise BenchError(
-                f"--batch-size auto: {type(cli.datamodule).__name__} has no batch_size"
+                f"--batch_size auto: {type(cli.datamodule).__name__} has no batch_size"
                 " attribute for Lightning's batch size finder to change"
             )
         found = Tuner(cli.trainer).scale_batch_size(
@@ -375,7 +376,7 @@ def main(argv: list[str] | None, project: "Project") -> int:
         return 2
     if args.batch_size not in (None, "auto") and not str(args.batch_size).isdigit():
         print(
-            f"error: --batch-size {args.batch_size}: must be a positive whole number or auto",
+            f"error: --batch_size {args.batch_size}: must be a positive whole number or auto",
             file=sys.stderr,
         )
         return 2

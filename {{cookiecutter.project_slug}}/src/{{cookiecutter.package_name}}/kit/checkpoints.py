@@ -554,6 +554,9 @@ def resolve_last(config: dict[str, Any], newest_run: bool = False) -> Path | Non
     return None
 
 
+ASYNC = "async"  # BestAndLast's keyword argument: write checkpoints in the background
+
+
 class BestAndLast(ModelCheckpoint):
     """ModelCheckpoint whose `last.ckpt` is rewritten at every epoch's end.
 
@@ -572,10 +575,9 @@ class BestAndLast(ModelCheckpoint):
     the previous validation's score, defer every save of the first epoch until
     its validation, and stop saving at epochs' ends.)
 
-    `async` (`--checkpoint.async`, a keyword in Python, hence read from the
-    keyword arguments, where jsonargparse finds it, typed by its default alone):
-    true (the default) writes each checkpoint in the background from a copy in
-    host memory, false writes it in the step.
+    `async` (`--checkpoint.async`; a keyword in Python, hence read from the
+    keyword arguments): true (the default) writes each checkpoint in the background
+    from a copy in host memory, false writes it in the step.
     """
 
     _last_before: str | None = None  # last_model_path while `last` is being saved
@@ -592,7 +594,8 @@ class BestAndLast(ModelCheckpoint):
     ) -> None:
         # ModelCheckpoint's arguments; its step and time triggers are kept here, and
         # Lightning's saves at epochs' ends go on beside them.
-        self.background = kwargs.pop("async", True)
+        # `async`, a keyword in Python: the CLI adds `--checkpoint.async` with its type.
+        self.background = kwargs.pop(ASYNC, True)
         self._mid_epoch = (every_n_train_steps or 0, train_time_interval)
         if every_n_train_steps or train_time_interval is not None:
             kwargs["every_n_epochs"] = kwargs.get("every_n_epochs") or 1
@@ -669,7 +672,13 @@ class BestAndLast(ModelCheckpoint):
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "best_epoch": self.best_epoch}
 
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        self._fitting = stage == "fit"  # set before a checkpoint's state is restored
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if not getattr(self, "_fitting", True):
+            return  # validate, test and predict save nothing: the run's saves are not theirs
         self.best_epoch = state_dict.get("best_epoch")
         # A run continued from another path (the project moved, another mount,
         # a relative save_dir become absolute) is still the same run: Lightning

@@ -49,6 +49,7 @@ from .callbacks import (
     keep_context,
 )
 from .checkpoints import (
+    ASYNC,
     AtomicCheckpointIO,
     BestAndLast,
     CheckpointError,
@@ -61,7 +62,7 @@ from .checkpoints import (
     resolve_last,
     state_dict_mismatch,
 )
-from .console import Summary, TQDMBar, TrainLoss
+from .console import EpochLines, Summary, TQDMBar, TrainLoss
 from .hardware import (
     CompileNetwork,
     cuda_capabilities,
@@ -111,7 +112,24 @@ ABSOLUTE_SAVE_DIR = {"MLFlowLogger": "mlruns", "WandbLogger": "."}
 
 
 # What Lightning prints to sell a service, not about the run (a line's start).
-ADVERTS = ("💡 Tip:",)
+# Lightning's lines that the kit says better: the accelerator, whether CUDA is
+# available and the processes of a DDP run (the environment report; a rank that does
+# not arrive is named by RankWatch), the checkpoint a fit resumes from (said as it
+# starts, and Lightning says again that it restored it); and its adverts.
+REPORTED = (
+    "GPU available:",
+    "TPU available:",
+    "HPU available:",
+    "Initializing distributed:",
+    "distributed_backend=",
+    "Restoring states from the checkpoint path at",
+    "💡 Tip:",
+)
+REPORTING = (  # Lightning's loggers that write them
+    "lightning.pytorch.utilities.rank_zero",
+    "lightning.fabric.utilities.rank_zero",
+    "lightning.fabric.utilities.distributed",
+)
 # What Lightning's own code warns about under newer torch and jsonargparse releases,
 # and its model summary's note on mixed precision: nothing a user can act on. Its
 # warning on a mid-epoch resume, which takes loaders without `state_dict` to resume
@@ -123,14 +141,15 @@ LIBRARY_NOISE = (
 )
 
 
-def _not_an_advert(record: logging.LogRecord) -> bool:
-    return not str(record.msg).startswith(ADVERTS)
+def _not_reported(record: logging.LogRecord) -> bool:
+    return not str(record.msg).lstrip("-\n").startswith(REPORTED)
 
 
 def quiet_library_noise() -> None:
     """Keep the warnings of LIBRARY_NOISE, the deprecations raised inside Lightning's
-    CLI and Lightning's adverts off the console."""
-    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_not_an_advert)
+    CLI, and Lightning's lines of REPORTED off the console."""
+    for name in REPORTING:
+        logging.getLogger(name).addFilter(_not_reported)
     for message in LIBRARY_NOISE:
         warnings.filterwarnings("ignore", message)
     inside_the_cli = r"lightning\.pytorch\.cli"
@@ -318,6 +337,13 @@ class ProjectCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # Always on, and configurable as --checkpoint.* (best and last).
         parser.add_lightning_class_args(BestAndLast, "checkpoint")
+        parser.add_argument(
+            f"--checkpoint.{ASYNC}",
+            type=bool,
+            default=True,
+            help="write each checkpoint in the background, from a copy in host memory;"
+            " false: write it in the step",
+        )
         parser.set_defaults(
             {
                 "checkpoint.monitor": self.project.monitor,
@@ -366,9 +392,6 @@ class ProjectCLI(LightningCLI):
         config = self.config.get(subcommand or "")
         if config is None:
             return
-        background = (config.get("checkpoint") or {}).get("async", True)
-        if not isinstance(background, bool):  # typed by the default alone: see BestAndLast
-            raise ConfigError(f"checkpoint.async={background!r}: must be true or false")
         logger = config.get("trainer", {}).get("logger")
         if logger:
             prepare_logger(logger)
@@ -473,7 +496,8 @@ class ProjectCLI(LightningCLI):
                 summary, config["enable_model_summary"] = Summary(), False
         if shown and config.get("enable_progress_bar") is not False:
             if not any(isinstance(callback, ProgressBar) for callback in given):
-                callbacks = [*callbacks, TQDMBar()]
+                # A bar where a terminal redraws it; a line an epoch in a file or pipe.
+                callbacks = [*callbacks, TQDMBar() if sys.stderr.isatty() else EpochLines()]
         own = {
             id(c)
             for c in callbacks

@@ -117,9 +117,9 @@ def hidden_devices(world_size: int, visible: int, env: Mapping[str, str]) -> lis
     more = "" if value is None else ", or list more GPUs in CUDA_VISIBLE_DEVICES (or unset it)"
     return [
         problem(
-            f"--world-size {world_size} asks for {world_size} GPUs, but {visible} are visible"
+            f"--world_size {world_size} asks for {world_size} GPUs, but {visible} are visible"
             f"{by}: NCCL needs a GPU of its own for each rank.",
-            f"Pass --world-size {visible} or fewer{more}.",
+            f"Pass --world_size {visible} or fewer{more}.",
         )
     ]
 

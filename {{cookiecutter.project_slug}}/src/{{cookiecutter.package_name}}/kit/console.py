@@ -1,4 +1,5 @@
-"""What a run shows as it trains: the model summary, `train/loss` and the progress bar.
+"""What a run shows as it trains: the model summary, `train/loss` and the progress (a bar
+in a terminal, a line an epoch elsewhere).
 
 Each costs the steps nothing a GPU would wait for. `train/loss` is read from
 the device once per logging window, never in the steps between; the bar is
@@ -8,12 +9,13 @@ FLOPs it cannot know (the health report counts them on the first step).
 
 import logging
 import math
+import sys
 from time import monotonic
 from typing import Any
 
 import torch
 from lightning.pytorch import Callback, Trainer
-from lightning.pytorch.callbacks import ModelSummary, TQDMProgressBar
+from lightning.pytorch.callbacks import ModelSummary, ProgressBar, TQDMProgressBar
 
 from .internals import accumulating, format_summary_table, loggers_write_now, logging_step
 from .watch import check_loss, returned_loss
@@ -47,6 +49,10 @@ class TrainLoss(Callback):
     time), flushes every logger, and a device tensor on the bar is read from the
     device on every later step; and TensorBoard's writer thread costs more per
     point written alone than per point written in a group.
+
+    Args:
+        write_every: seconds between the loggers' writes of the points gathered (and
+            at each epoch's end); the points keep their own steps.
     """
 
     NAME = "train/loss"
@@ -205,6 +211,39 @@ class TQDMBar(TQDMProgressBar):
     def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, *args) -> None:
         if self._due(batch_idx, self.total_predict_batches_current_dataloader):
             super().on_predict_batch_end(trainer, pl_module, outputs, batch, batch_idx, *args)
+
+
+class EpochLines(ProgressBar):
+    """The progress where no terminal shows a bar (a log file, a pipe, a job's output):
+    one line an epoch, with the metrics a bar would show, instead of a redraw a line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._enabled = True
+
+    def disable(self) -> None:
+        self._enabled = False
+
+    def enable(self) -> None:
+        self._enabled = True
+
+    @property
+    def is_enabled(self) -> bool:
+        return self._enabled
+
+    def get_metrics(self, trainer, pl_module) -> dict[str, Any]:
+        metrics = super().get_metrics(trainer, pl_module)
+        metrics.pop("v_num", None)  # as TQDMBar: the run directory names it
+        return metrics
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module) -> None:
+        if not self._enabled:
+            return
+        shown = [
+            f"{name} {value:.4g}" if isinstance(value, float) else f"{name} {value}"
+            for name, value in self.get_metrics(trainer, pl_module).items()
+        ]
+        print(f"Epoch {trainer.current_epoch}: {' | '.join(shown)}", file=sys.stderr)
 
 
 class Summary(ModelSummary):

@@ -653,6 +653,21 @@ class SplitDataModule(LightningDataModule):
     `self.splits["train"].tensors` holds its tensors, in the split's order.
     (Unless the module batches its own way with `collate_fn`: then its splits
     are left as `make_splits` returned them.)
+
+    Args:
+        batch_size: samples per batch on each device.
+        num_workers: loader worker processes; null: chosen from the data and the
+            machine's CPUs (the environment report says how many).
+        pin_memory: page-locked host memory for faster copies to a GPU; null: on CUDA.
+        split_seed: the seed that cuts the splits (and the folds), fixed apart from
+            the run's seed.
+        predict_split: the split that `predict` reads.
+        on_device: keep splits of tensors on the device; null: on CUDA where they
+            take under a quarter of the free memory; false: read sample by sample.
+        fold: with `folds` above 1, the fold that validates (0 to folds - 1).
+        folds: cut train and val into this many folds; 1: the splits as they are.
+        seed_samples: seed each sample's random draws by its index and the epoch, so a
+            resume draws them again; false: each process's own generator.
     """
 
     # None, or a subclass's method `collate_fn(self, samples)` (no annotation here: a

@@ -6,15 +6,15 @@ torch but never Lightning, so it still answers when Lightning's install is
 broken, and it answers fast.
 
     <command> doctor                # the report; exit 0 unless torch is missing
-    <command> doctor --require-gpu  # exit 1 unless a GPU is usable (CI, job scripts)
+    <command> doctor --require_gpu  # exit 1 unless a GPU is usable (CI, job scripts)
     <command> doctor --json         # the same facts as one JSON object
     <command> doctor --memory       # and will the project's model fit, per rank, under DDP
-                                    # or FSDP (--world-size N, --devices-free-gib X; kit/memory.py)
-    <command> doctor --ckpt PATH    # on which numbers of processes and batches a checkpoint
+                                    # or FSDP (--world_size N, --devices_free_gib X; kit/memory.py)
+    <command> doctor --ckpt_path PATH    # on which numbers of processes and batches a checkpoint
                                     # resumes with its global batch (kit/resume.py)
     <command> doctor --distributed  # and can N local ranks form a process group: an
                                     # all-reduce and a broadcast, timed, under --timeout
-                                    # (--world-size N; kit/collectives.py)
+                                    # (--world_size N; kit/collectives.py)
 
 `--memory` needs the project, so it imports Lightning and your code; the plain
 doctor never does.
@@ -34,6 +34,7 @@ from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 from . import KIT_VERSION
+from .internals import unchecked_releases
 from .machine import build_name, cuda_devices
 
 if TYPE_CHECKING:
@@ -93,6 +94,8 @@ def probe_torch() -> dict[str, Any]:
     }
     if facts["cudnn_available"]:
         facts["cudnn_version"] = torch.backends.cudnn.version()
+    if facts["cuda_build"] and not facts["cuda_available"]:
+        facts["cuda_libraries_bytes"] = cuda_library_bytes()
     if facts["cuda_available"]:
         facts["devices"] = cuda_devices()
         facts["device_count"] = len(facts["devices"])
@@ -104,6 +107,17 @@ def probe_torch() -> dict[str, Any]:
         "gloo": bool(available and dist.is_gloo_available()),
     }
     return facts
+
+
+def cuda_library_bytes() -> int:
+    """The disk that the CUDA libraries installed beside torch take (the nvidia-*, cuda-*
+    and triton packages of PyPI's Linux build), read from their metadata."""
+    total = 0
+    for dist in metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower()
+        if name.startswith(("nvidia-", "cuda-")) or name == "triton":
+            total += sum(file.size or 0 for file in dist.files or ())
+    return total
 
 
 def package_versions(names: tuple[str, ...] = ("lightning", "torchmetrics")) -> dict:
@@ -128,6 +142,7 @@ def collect() -> dict[str, Any]:
         "environment": environment(os.environ),  # the rendezvous, launcher and NCCL variables
         "nvidia_smi": probe_nvidia_smi(),
         "packages": package_versions(),
+        "unchecked": unchecked_releases(),  # not a fault: the internals tests tell
     }
 
 
@@ -183,6 +198,19 @@ def diagnose(facts: dict[str, Any]) -> list[Finding]:
                 "silently run on the CPU.",
                 "Reinstall torch with the CUDA build from pytorch.org, for a CUDA version no "
                 f"newer than {smi['cuda_version'] or 'the one nvidia-smi shows'}.",
+            )
+        )
+    if cuda_build and not t["cuda_available"] and smi is None:
+        wasted = t.get("cuda_libraries_bytes") or 0
+        size = f", and its CUDA libraries take {wasted / 1e9:.1f} GB of disk" if wasted else ""
+        release = t["version"].split("+")[0]
+        findings.append(
+            Finding(
+                f"torch {t['version']} is a CUDA {cuda_build} build, but this machine has no "
+                f"NVIDIA driver (no nvidia-smi): it trains on the CPU{size}.",
+                "Without an NVIDIA GPU, install the CPU build in a new environment (docs/"
+                f"install.md): pip install torch=={release} --index-url "
+                "https://download.pytorch.org/whl/cpu; with one, install its driver.",
             )
         )
     built, supported = _version_tuple(cuda_build), _version_tuple(smi and smi["cuda_version"])
@@ -267,6 +295,12 @@ def format_report(facts: dict[str, Any], findings: list[Finding]) -> str:
     versions = facts["packages"].items()
     packages = " | ".join(f"{name} {version or 'not installed'}" for name, version in versions)
     lines.append(f"{packages} | the kit {KIT_VERSION} (the template's release)")
+    if facts.get("unchecked"):
+        newer = ", ".join(f"{name} {text}" for name, text in facts["unchecked"].items())
+        lines.append(
+            f"Not yet checked by the kit: {newer}; `pytest tests/kit/test_internals.py`"
+            " says whether the private names it uses still work there."
+        )
     lines.append("")
     if findings:
         lines.append("Problems:")
@@ -296,7 +330,9 @@ def parser(command: str = "doctor") -> argparse.ArgumentParser:
         " configs/gpu.yaml --data.batch_size 256`.",
         allow_abbrev=False,
     )
-    parser.add_argument("--require-gpu", action="store_true", help="exit 1 unless a GPU is usable")
+    parser.add_argument(
+        "--require_gpu", "--require-gpu", action="store_true", help="exit 1 unless a GPU is usable"
+    )
     parser.add_argument("--json", action="store_true", help="print the facts as one JSON object")
     group = parser.add_argument_group("memory (imports Lightning and the project)")
     group.add_argument(
@@ -306,12 +342,14 @@ def parser(command: str = "doctor") -> argparse.ArgumentParser:
         " which fits; exit 1 when neither does",
     )
     group.add_argument(
+        "--world_size",
         "--world-size",
         type=int,
         help="ranks to plan for (default: the visible GPUs, else 1); with --distributed, to"
         " start (default: the visible GPUs, else 2)",
     )
     group.add_argument(
+        "--devices_free_gib",
         "--devices-free-gib",
         type=float,
         metavar="GIB",
@@ -322,7 +360,7 @@ def parser(command: str = "doctor") -> argparse.ArgumentParser:
     group.add_argument(
         "--distributed",
         action="store_true",
-        help="form a process group of --world-size local ranks (NCCL on GPUs, gloo on the"
+        help="form a process group of --world_size local ranks (NCCL on GPUs, gloo on the"
         " CPU), time an all-reduce and a broadcast; exit 1 unless every rank finishes",
     )
     group.add_argument(
@@ -333,6 +371,7 @@ def parser(command: str = "doctor") -> argparse.ArgumentParser:
         " (default: 30)",
     )
     parser.add_argument(
+        "--ckpt_path",
         "--ckpt",
         metavar="PATH",
         help="say on which numbers of processes and batches this checkpoint resumes (imports"
@@ -370,14 +409,14 @@ def main(
     for name, needs in ONLY_WITH.items():
         if getattr(args, name) is not None and not any(getattr(args, n) for n in needs):
             named = " or ".join(f"--{n}" for n in needs)
-            print(f"error: --{name.replace('_', '-')}: only with {named}", file=sys.stderr)
+            print(f"error: --{name}: only with {named}", file=sys.stderr)
             return 2
     for name in ("world_size", "timeout") if args.distributed else ():
         if (value := getattr(args, name)) is not None and value <= 0:
-            print(f"error: --{name.replace('_', '-')} {value:g}: must be above 0", file=sys.stderr)
+            print(f"error: --{name} {value:g}: must be above 0", file=sys.stderr)
             return 2
-    if args.ckpt is not None:
-        return checkpoint_report(args.ckpt)
+    if args.ckpt_path is not None:
+        return checkpoint_report(args.ckpt_path)
     facts = collect()
     findings = diagnose(facts)
     ok = usable_gpu(facts) if args.require_gpu else facts["torch"].get("importable", False)
@@ -413,7 +452,7 @@ def main(
 
             print(f"\n{format_check(distributed)}")
         if args.require_gpu and not ok:
-            print("doctor --require-gpu: no usable GPU (see the problems above).", file=sys.stderr)
+            print("doctor --require_gpu: no usable GPU (see the problems above).", file=sys.stderr)
     if memory is not None and memory.kind == "neither":
         return 1
     if distributed is not None and not distributed["ok"]:

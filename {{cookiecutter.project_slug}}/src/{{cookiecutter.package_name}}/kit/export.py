@@ -40,7 +40,6 @@ Which submodule is the network: `Project.network` ("net", "model.encoder");
 else its only child module with weights; else the whole LightningModule.
 """
 
-import argparse
 import contextlib
 import importlib
 import inspect
@@ -66,6 +65,7 @@ from .checkpoints import (
     check_checkpoint,
     state_dict_mismatch,
 )
+from .export_flags import ATOL, FORMATS, RTOL, parser
 from .internals import uncompiled
 from .runs import run_of_checkpoint
 from .sharding import consolidated
@@ -73,10 +73,7 @@ from .spec import BATCH_ONLY, Project, network_of
 
 COMPILED = "_orig_mod."  # what torch.compile's wrapper adds to every key
 CLI_INSTANTIATOR = "lightning.pytorch.cli.instantiate_module"
-FORMATS = ("state_dict", "pt2", "onnx", "folder")
 SUFFIXES = {".pt2": "pt2", ".onnx": "onnx"}  # any other suffix: state_dict
-# How far an export's outputs may be from the checkpoint network's (torch.allclose).
-RTOL, ATOL = 1e-4, 1e-5
 # The splits an example batch is taken from, in order of preference, with the
 # stage their DataModule is set up for.
 EXAMPLE_SPLITS = (("predict", "predict"), ("test", "test"), ("val", "validate"), ("train", "fit"))
@@ -599,25 +596,6 @@ def load_network(path: str | Path, project: Project) -> nn.Module:
     network = rebuild(exported, project)
     network.load_state_dict(state_dict, strict=True)
     return network.eval()
-
-
-def parser(command: str = "<command>") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=f"{command} export",
-        description="Write the trained network of a checkpoint: a plain state_dict (.pt), a"
-        " torch.export program (.pt2), an ONNX model (.onnx) or a model folder (DIR/:"
-        " safetensors, config.json, a model card), checked before it is written.",
-    )
-    parser.add_argument("--ckpt_path", required=True, help="a Lightning checkpoint (.ckpt)")
-    parser.add_argument("--output", default="model.pt", help="where to write (default: model.pt)")
-    parser.add_argument(
-        "--format",
-        choices=FORMATS,
-        help="what to write (default: from --output: .pt2, .onnx, a folder/, else state_dict)",
-    )
-    parser.add_argument("--rtol", type=float, default=RTOL, help=f"(default: {RTOL})")
-    parser.add_argument("--atol", type=float, default=ATOL, help=f"(default: {ATOL})")
-    return parser
 
 
 def main(argv: list[str] | None, project: Project) -> int:

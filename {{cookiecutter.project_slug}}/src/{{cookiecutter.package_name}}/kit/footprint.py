@@ -34,7 +34,7 @@ STATE_SLOTS = {
 def check_world_size(world_size: int) -> None:
     if world_size < 1:
         raise ValueError(
-            f"--world-size {world_size}: must be 1 or more (the number of ranks: one per GPU,"
+            f"--world_size {world_size}: must be 1 or more (the number of ranks: one per GPU,"
             " over every node)"
         )
 

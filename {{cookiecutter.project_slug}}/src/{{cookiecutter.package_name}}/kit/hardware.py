@@ -76,6 +76,12 @@ class CompileNetwork(Callback):
     DDP the network is compiled before Lightning wraps it. The first steps are
     slow while the kernels are built (`--compile.mode` trades that time for
     speed: default, reduce-overhead, max-autotune).
+
+    Args:
+        enabled: compile the network before training.
+        mode: torch.compile's mode: more build time for faster steps, from default to
+            max-autotune.
+        wrap: the attributes to compile, `Project.wrap` (the CLI gives it).
     """
 
     def __init__(

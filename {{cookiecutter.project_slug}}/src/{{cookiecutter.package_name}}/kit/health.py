@@ -182,7 +182,14 @@ def saving(trainer: Trainer) -> dict[str, Any]:
 
 
 class TrainingHealth(Callback):
-    """Throughput, data wait, FLOPs and MFU, peak memory and effective batch, on rank 0."""
+    """Throughput, data wait, FLOPs and MFU, peak memory and effective batch, on rank 0.
+
+    Args:
+        every_n_steps: also print the report every this many training steps; 0: only
+            at the fit's end.
+        data_wait_warn: the share of step time waiting for data (0 to 1) above which
+            the report says what to try.
+    """
 
     clock: Callable[[], float] = staticmethod(perf_counter)
     # A CUDA event that records timing; `events` None means: on CUDA devices.
@@ -207,6 +214,7 @@ class TrainingHealth(Callback):
         self.samples = self.steps = self.timed_steps = 0
         self._ready = self._start = self._sync = None
         self._since = (0.0, 0.0, 0.0, 0)  # this process's own counters start here
+        self._steps_before = 0
         # Steps not yet read off the clock: (previous step's end, start, backward, end, samples).
         self._pending: deque[tuple[Any, Any, Any, Any, int]] = deque()
         self.flops_per_batch: int | None = None
@@ -257,6 +265,7 @@ class TrainingHealth(Callback):
                 setattr(self, name, loaded.get(name, getattr(self, name)))
         # A checkpoint holds rank 0's counters: each rank's own figures start here.
         self._since = (self.compute, self.wait, self.forward, self.timed_steps)
+        self._steps_before = self.steps  # a finished run resumed trains none: no report
         self.summary = {}
         device = trainer.strategy.root_device
         self._device_clock = device.type == "cuda" if self.events is None else self.events
@@ -319,7 +328,7 @@ class TrainingHealth(Callback):
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._read_clock(wait=True)
-        if self.steps:
+        if self.steps > self._steps_before:
             self.report(trainer, pl_module, final=True)
 
     def measure(self, trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:

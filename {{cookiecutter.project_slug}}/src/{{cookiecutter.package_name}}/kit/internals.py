@@ -4,7 +4,8 @@ words of jsonargparse's messages it reads).
 Each is something the public API does not offer; each says what it is for and
 the release it was checked on (`CHECKED_ON`). tests/kit/test_internals.py exercises
 every one, so a release that moves one fails there first, by name, rather than
-somewhere in a run. The private methods the kit overrides are listed in
+somewhere in a run; another release than CHECKED_ON's is not a fault in itself
+(`doctor` names it in one line). The private methods the kit overrides are listed in
 `OVERRIDDEN`, and the same test holds their signatures to the ones written here.
 One more is torch's: `DataLoader._index_sampler`, the property its iterators read
 their indices from, which kit/data.py's ResumableLoader overrides to skip the
@@ -12,11 +13,33 @@ batches a resumed epoch already trained; the same test file checks it.
 """
 
 import re
+from importlib import metadata
 from typing import Any
 
-from lightning.pytorch.utilities.model_summary import model_summary
-
 CHECKED_ON = {"lightning": "2.6.6", "jsonargparse": "4.53.0", "torch": "2.13.0", "optuna": "5.1.0"}
+# How much of a version is a release here: torch's patches and build tags (+cpu, +cu130)
+# move no private name.
+RELEASE_PARTS = {"lightning": 3, "jsonargparse": 3, "torch": 2, "optuna": 2}
+
+
+def unchecked_releases() -> dict[str, str]:
+    """The installed releases that differ from CHECKED_ON's, each as "installed (checked on
+    X)". Not a fault: tests/kit/test_internals.py says whether each private name still
+    works on them, and `doctor` reports them. Needs no Lightning."""
+
+    def release(text: str, parts: int) -> str:
+        return ".".join(text.split("+")[0].split(".")[:parts])
+
+    differ = {}
+    for name, parts in RELEASE_PARTS.items():
+        try:
+            installed = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+        if release(installed, parts) != release(CHECKED_ON[name], parts):
+            differ[name] = f"{installed} (checked on {CHECKED_ON[name]})"
+    return differ
+
 
 # Private methods the kit overrides, by the class that defines them: their names
 # and parameters, as checked on CHECKED_ON's releases.
@@ -44,6 +67,8 @@ OVERRIDDEN = {
 def format_summary_table(*args: Any) -> str:
     """ModelSummary's table from its columns: the kit's summary drops a column first
     (FLOPs, when nothing counted them), and Lightning builds the table in one private step."""
+    from lightning.pytorch.utilities.model_summary import model_summary
+
     return model_summary._format_summary_table(*args)
 
 

@@ -1,8 +1,8 @@
 """`<command> doctor --memory`: will the model fit, per rank, under DDP or FSDP?
 
     <command> doctor --memory                      # this machine's GPUs, world size = their count
-    <command> doctor --memory --world-size 8       # plan a run over 8 ranks
-    <command> doctor --memory --devices-free-gib 139 --world-size 8   # plan for other GPUs
+    <command> doctor --memory --world_size 8       # plan a run over 8 ranks
+    <command> doctor --memory --devices_free_gib 139 --world_size 8   # plan for other GPUs
     <command> doctor --memory --json               # the figures, in bytes
     <command> doctor --memory -- --config configs/gpu.yaml --data.batch_size 256
 
@@ -123,7 +123,7 @@ def verdict(
     margin = f"{100 * headroom:.0f}% headroom"
     if not free:
         return "no-gpu", (
-            "no GPU visible here, nothing to compare with: --devices-free-gib X plans for"
+            "no GPU visible here, nothing to compare with: --devices_free_gib X plans for"
             " GPUs with X GiB free each"
         )
     budget = int(min(free) * (1 - headroom))
@@ -487,9 +487,9 @@ def visible_gpus() -> list[Gpu]:
 
 
 def given_gpus(free_gib: float, count: int) -> list[Gpu]:
-    """`count` GPUs with `free_gib` GiB free each (--devices-free-gib)."""
+    """`count` GPUs with `free_gib` GiB free each (--devices_free_gib)."""
     if not free_gib > 0:
-        raise ValueError(f"--devices-free-gib {free_gib:g}: must be above 0 (GiB free per GPU)")
+        raise ValueError(f"--devices_free_gib {free_gib:g}: must be above 0 (GiB free per GPU)")
     return [Gpu(f"cuda:{index}", int(free_gib * GIB)) for index in range(count)]
 
 
@@ -497,7 +497,7 @@ def describe_gpus(gpus: Sequence[Gpu], given: bool) -> str:
     if not gpus:
         return "GPUs: none visible (torch.cuda.is_available() is False)"
     if given:
-        return f"GPUs: {len(gpus)} x {human(gpus[0].free)} free each (given: --devices-free-gib)"
+        return f"GPUs: {len(gpus)} x {human(gpus[0].free)} free each (given: --devices_free_gib)"
     return "GPUs: " + " | ".join(
         f"{g.name} {human(g.free)} free" + (f" of {human(g.total)}" if g.total else "")
         for g in gpus

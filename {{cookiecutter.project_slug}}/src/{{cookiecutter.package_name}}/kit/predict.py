@@ -9,6 +9,7 @@ wants other columns names a function in `Project.prediction_columns`
 """
 
 import csv
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,6 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import BasePredictionWriter
-from lightning.pytorch.utilities import rank_zero_info
 
 
 def _per_sample(name: str, value: Any) -> dict[str, list]:
@@ -50,12 +50,18 @@ def prediction_columns(outputs: Any) -> dict[str, list]:
 
 
 class PredictionWriter(BasePredictionWriter):
-    """Writes `predict`'s outputs to a CSV file: the sample's index in the predict
-    set, then one column per output (see the module docstring).
+    """Writes `predict`'s outputs to a CSV file, a row a sample.
 
-    `--predictions.output` sets the file (default `predictions.csv`). Under DDP
-    every rank writes its own share, `<stem>.rank<R>.csv`; the indices say
+    Each row holds the sample's index in the predict set, then one column per output
+    (see the module docstring).
+
+    Under DDP every rank writes its own share, `<stem>.rank<R>.csv`; the indices say
     where each row belongs.
+
+    Args:
+        output: the CSV file to write.
+        columns: `Project.prediction_columns`, a function `outputs -> {column: values}`;
+            None: the kit's own columns (the CLI gives it).
     """
 
     def __init__(
@@ -66,6 +72,7 @@ class PredictionWriter(BasePredictionWriter):
         super().__init__(write_interval="epoch")
         self.output = output
         self.columns = columns  # Project.prediction_columns; None: the kit's own columns
+        self._line: str | None = None  # what was written, said as predict ends
 
     def path(self, trainer: Trainer) -> Path:
         path = Path(self.output)
@@ -97,4 +104,15 @@ class PredictionWriter(BasePredictionWriter):
             writer = csv.writer(file)
             writer.writerow(["index", *(header or [])])
             writer.writerows(sorted(rows))
-        rank_zero_info(f"Wrote {len(rows)} predictions to {path}")
+        shared = (
+            " (each process its own share: one file per rank)" if trainer.world_size > 1 else ""
+        )
+        self._line = f"Wrote {len(rows)} predictions to {path}{shared}, columns: index" + "".join(
+            f", {name}" for name in header or []
+        )
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        # Printed last, after the progress bar: the line that says what `predict` made.
+        line, self._line = self._line, None
+        if line and trainer.is_global_zero:
+            print(line, file=sys.stderr)

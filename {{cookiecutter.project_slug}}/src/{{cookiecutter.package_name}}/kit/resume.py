@@ -186,14 +186,20 @@ def device_name(device: torch.device) -> str:
 
 
 class ResumeState(Callback):
-    """Each rank's random states, the training loaders' positions and the global batch in
-    the checkpoint, restored on resume; one line at the start of a resume for each reason
-    it cannot be exact.
+    """Saves what a resume needs to continue the same run, and says what it cannot keep.
+
+    Each rank's random states, the training loaders' positions and the global batch go
+    in the checkpoint and are restored on resume; one line at the start of a resume
+    says each reason it cannot be exact.
 
     On another number of processes (or another per-device batch) the global batch
     is kept: `accumulate_grad_batches` becomes what makes it, and the resume says
-    so; where no whole number does, it is refused with the choices. With
-    `keep_global_batch` False the run goes on with the batch as configured.
+    so; where no whole number does, it is refused with the choices.
+
+    Args:
+        keep_global_batch: on another number of processes or batch size, keep the
+            saved global batch by changing `accumulate_grad_batches`; false: go on
+            with the batch as configured.
     """
 
     def __init__(self, keep_global_batch: bool = True) -> None:

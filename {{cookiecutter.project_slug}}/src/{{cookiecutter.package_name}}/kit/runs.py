@@ -297,8 +297,15 @@ def curves_command(trainer: Trainer) -> str | None:
 
 
 class FitResult(Callback):
-    """Ends a fit with one line: the best score and its epoch, the best checkpoint,
-    how to look at the run and how to continue it."""
+    """Ends a fit with one line: its result, where it is, and how to go on.
+
+    The line gives the best score and its epoch, the best checkpoint, how to look at
+    the run and how to continue it.
+
+    Args:
+        enabled: print the line (rank 0 only).
+        command: the project's console command, which the line names (the CLI gives it).
+    """
 
     def __init__(self, enabled: bool = True, command: str = "<command>") -> None:
         self.enabled = enabled

@@ -34,6 +34,7 @@ import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
+from torch.distributed import ProcessGroup
 
 from .checkpoints import (
     PARTIAL_FOLDER,
@@ -203,7 +204,8 @@ class FSDP2Strategy(ModelParallelStrategy):
         self.wrap = wrap  # Project.wrap
         self.blocks = options.blocks if options.blocks is not None else blocks  # or the project's
         self.sharded_blocks = 0
-        self._save_group: Any = None  # the background saves' gloo group, made at the first
+        # The background saves' gloo group, made at the first of them.
+        self._save_group: ProcessGroup | None = None
 
     def setup_environment(self) -> None:
         if self._data_parallel_size == "auto":  # Lightning's "auto" is one per node
@@ -380,7 +382,9 @@ class FSDP2Strategy(ModelParallelStrategy):
         except OSError as error:
             raise CheckpointSaveError(_save_failure(path, error)) from error
         if self._save_group is None and torch.distributed.is_initialized():
-            self._save_group = torch.distributed.new_group(backend="gloo")  # every rank, at once
+            made = torch.distributed.new_group(backend="gloo")  # every rank, at once
+            # Every rank is a member, so it is a group (not torch's non-member marker).
+            self._save_group = made if isinstance(made, ProcessGroup) else None
         stager, group = writer.shard_stager, self._save_group
 
         def copy() -> tuple[Any, dict]:

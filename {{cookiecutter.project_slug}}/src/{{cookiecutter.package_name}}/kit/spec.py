@@ -139,24 +139,30 @@ def command_of(package: str) -> str:
 
 @dataclass
 class FSDPOptions:
-    """`--fsdp.*`: fully shard the network over the data-parallel ranks (FSDP2)."""
+    """`--fsdp.*`: fully shard the network over the data-parallel ranks (FSDP2).
+
+    Args:
+        enabled: shard parameters, gradients and optimizer state (configs/fsdp.yaml
+            sets it).
+        blocks: what to shard one by one: class names or module paths ("layers.*").
+            None: the project's `shard_blocks`, else every repeated block.
+        activation_checkpointing: recompute each block's activations in the backward
+            pass: less memory, about a third more compute.
+        cpu_offload: keep the sharded state in host memory between uses (CUDA only).
+        reshard_after_forward: free each block's gathered parameters after its forward
+            (ZeRO-3); false keeps them until the backward (ZeRO-2: faster, more memory).
+        data_parallel_size: the ranks that shard the model; null: every rank.
+        tensor_parallel_size: must be 1: tensor parallelism needs a configure_model of
+            your own.
+    """
 
     enabled: bool = False
-    """Shard parameters, gradients and optimizer state (configs/fsdp.yaml sets it)."""
     blocks: list[str] | None = None
-    """What to shard one by one: class names or module paths ("layers.*"). None: the
-    project's `shard_blocks`, else every repeated block."""
     activation_checkpointing: bool = False
-    """Recompute each block's activations in the backward pass: less memory, ~1/3 more compute."""
     cpu_offload: bool = False
-    """Keep the sharded state in host memory between uses (CUDA only)."""
     reshard_after_forward: bool = True
-    """Free each block's gathered parameters after its forward (ZeRO-3); false: keep them
-    until the backward (ZeRO-2: faster, more memory)."""
     data_parallel_size: int | None = None
-    """Ranks that shard the model; None: every rank."""
     tensor_parallel_size: int = 1
-    """Must be 1: tensor parallelism needs a configure_model of your own."""
 
 
 def init_parameters(cls: type) -> set[str]:

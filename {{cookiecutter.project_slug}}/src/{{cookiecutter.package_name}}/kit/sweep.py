@@ -133,6 +133,7 @@ def parser(command: str = "<command>") -> argparse.ArgumentParser:
         " none (default: %(default)s)",
     )
     parser.add_argument(
+        "--warmup_epochs",
         "--warmup-epochs",
         type=int,
         default=1,
@@ -157,7 +158,7 @@ def parse(argv: list[str], command: str = "<command>") -> tuple[argparse.Namespa
     if options.workers < 1:
         problems.append("--workers must be at least 1")
     if options.warmup_epochs < 0:
-        problems.append("--warmup-epochs cannot be negative")
+        problems.append("--warmup_epochs cannot be negative")
     if (options.pruner == "threshold") != (options.threshold is not None):
         problems.append("--threshold goes with --pruner threshold, and that pruner needs it")
     if problems:

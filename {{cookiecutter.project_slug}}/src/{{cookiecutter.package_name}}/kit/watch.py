@@ -114,8 +114,9 @@ def check_loss(
 
 
 class Divergence(Callback):
-    """Stops a run whose loss, monitored metric or weights are no longer finite, on every
-    rank together, before anything non-finite is saved.
+    """Stops a run whose loss, monitored metric or weights are no longer finite.
+
+    It stops every rank together, before anything non-finite is saved.
 
     Args:
         every_step: read every step's training loss (a host sync a step: for finding
@@ -254,8 +255,9 @@ def launcher_gone(parent: int) -> bool:
 
 
 class RankWatch(Callback):
-    """Ends a job of several processes in seconds when its ranks stop meeting, and says
-    which rank and why (the module's docstring has what it looks at). Each rank's thread
+    """Ends a job of several processes in seconds when its ranks stop meeting.
+
+    It says which rank and why (the module's docstring has what it looks at). Each rank's thread
     writes, every `poll` seconds, where the rank was last seen and its main thread's
     line into the job's store, and reads there whether the job ends.
 

@@ -1,0 +1,78 @@
+"""What the rendered project prints is what its docs show, line for line: a default
+`fit`, `fit --ckpt_path last` on the finished run, and `predict`, as a log file or a
+pipe receives them (docs/train.md). A line of Lightning's that the kit's own lines
+repeat, or a warning that does not concern the run, fails here."""
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import render, run
+
+NUMBER = re.compile(r"\d+(?:\.\d+)?(?:e-?\d+)?")
+
+
+def blocks(page: str) -> list[list[str]]:
+    """The lines of each ```text block of a docs page."""
+    return [block.splitlines() for block in re.findall(r"```text\n(.*?)```", page, re.DOTALL)]
+
+
+def pattern(line: str) -> re.Pattern:
+    """A docs line as a pattern: its numbers stand for any number (a time, a loss)."""
+    parts = NUMBER.split(line)
+    return re.compile(r"[\d.e+-]+".join(re.escape(part) for part in parts) + "$")
+
+
+def unshown(output: list[str], shown: list[str]) -> str | None:
+    """Where `output` departs from the `shown` lines, else None. A shown `...` stands for
+    more lines like the one before it; `<...>` for one or more lines of any kind, up to
+    the next shown line."""
+    at = 0
+    for n, line in enumerate(shown):
+        if line == "...":
+            after = pattern(shown[n + 1]) if n + 1 < len(shown) else None
+            while at < len(output) and pattern(shown[n - 1]).match(output[at]):
+                last = at + 1 == len(output) or not pattern(shown[n - 1]).match(output[at + 1])
+                if after is not None and after.match(output[at]) and last:
+                    break  # the last of them is the line shown next
+                at += 1
+            continue
+        if line.startswith("<") and line.endswith(">"):
+            following = [p for p in shown[n + 1 :] if p != "..."]
+            start = at
+            while at < len(output) and (
+                at == start or not following or not pattern(following[0]).match(output[at])
+            ):
+                at += 1
+            continue
+        if at >= len(output):
+            return f"the output ended where the docs show {line!r}"
+        if not pattern(line).match(output[at]):
+            return f"line {at + 1} is {output[at]!r} where the docs show {line!r}"
+        at += 1
+    if at < len(output):
+        return f"lines the docs do not show, from line {at + 1}: {output[at:]}"
+    return None
+
+
+@pytest.mark.slow
+def test_fit_resume_and_predict_print_what_docs_train_md_shows(tmp_path):
+    project = render(tmp_path)
+    fit_shown, finished_shown, predict_shown = blocks((project / "docs" / "train.md").read_text())
+    command = [sys.executable, "-m", "my_lightning_project"]
+
+    def output(*args: str) -> list[str]:
+        # stdout and stderr in one pipe, in the order written, as a job's log has them
+        script = " ".join(f"'{word}'" for word in [*command, *args]) + " 2>&1"
+        text = run(["bash", "-c", script], cwd=project, PYTHONPATH="src").stdout
+        # The docs name the console command, where a module run names itself by its module.
+        return text.replace("python -m my_lightning_project", "my-lightning-project").splitlines()
+
+    fit = output("fit")
+    assert (gone := unshown(fit, fit_shown)) is None, "\n".join([gone, *fit])
+    finished = output("fit", "--ckpt_path", "last")
+    assert (gone := unshown(finished, finished_shown)) is None, "\n".join([gone, *finished])
+    best = next(Path(project, "logs", "version_0", "checkpoints").glob("best-*.ckpt"))
+    predicted = output("predict", "--ckpt_path", str(best.relative_to(project)))
+    assert (gone := unshown(predicted, predict_shown)) is None, "\n".join([gone, *predicted])
