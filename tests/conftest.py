@@ -21,11 +21,13 @@ TEMPLATE = Path(__file__).resolve().parents[1]
 LONGEST = (
     "suite[digits-tensorboard-every-option]",
     "test_the_wheelhouse_installs",
+    "test_the_kit_on_the_newest_releases",
     "problem[images]",
     "problem[finetune]",
     "problem[stream]",
     "suite[minimal-csv",
     "test_every_command_of_the_rendered_readme",
+    "test_fit_resume_and_predict_print_what_docs_train_md_shows",
     "problem[transformer]",
     "problem[text]",
     "problem[gan]",
