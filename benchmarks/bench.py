@@ -276,7 +276,9 @@ def project_fit(pkg, epochs: int, batch_size: int, channels: int, *extra: str) -
             *extra,
         ],
         pkg.project,
-        callbacks=[mark],
+        # The bar a terminal shows (this run's output goes nowhere, where the kit would
+        # print a line an epoch instead), unless the row leaves it out.
+        callbacks=[mark, *([] if NO_BAR in extra else [pkg.console.TQDMBar()])],
     )
     health = pkg.callbacks.find_callback(cli.trainer, pkg.health.TrainingHealth)
     return {
@@ -311,6 +313,7 @@ def package_of(project: Path) -> argparse.Namespace:
         "cli": "kit.cli",
         "callbacks": "kit.callbacks",
         "checkpoints": "kit.checkpoints",
+        "console": "kit.console",
         "health": "kit.health",
         "data": "data",
         "model": "model",

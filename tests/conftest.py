@@ -1,5 +1,6 @@
 """Render the template into temporary folders and look at what came out."""
 
+import contextlib
 import itertools
 import os
 import signal
@@ -108,15 +109,18 @@ def watched(cmd: list[str], cwd: Path, env: dict, silent_for: float) -> subproce
     for thread in pumps:
         thread.start()
     hung = False
-    while process.poll() is None:
-        if time.monotonic() - last[0] > silent_for:
-            hung = True
+    try:
+        while process.poll() is None:
+            if time.monotonic() - last[0] > silent_for:
+                hung = True
+                break
+            time.sleep(0.5)
+    finally:  # hung, or the test itself stopped: nothing of it outlives the test
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-            break
-        time.sleep(0.5)
-    for thread in pumps:
-        thread.join()
+        process.wait()
+        for thread in pumps:
+            thread.join(timeout=10)
     stdout, stderr = (b"".join(chunks[n]).decode(errors="replace") for n in (1, 2))
     if hung:
         raise AssertionError(

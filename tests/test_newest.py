@@ -29,7 +29,8 @@ def test_the_kit_on_the_newest_releases(tmp_path):
     where = "import sysconfig; print(sysconfig.get_path('purelib'))"
     own = run([python, "-c", where], cwd=tmp_path)
     (Path(own.stdout.strip()) / "beside.pth").write_text("\n".join(site.getsitepackages()))
-    pip = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    # Not quiet: a download of gigabytes says it is still going.
+    pip = [python, "-m", "pip", "install", "--disable-pip-version-check"]
     run([*pip, "--upgrade", "torch", "lightning", "jsonargparse[signatures]"], cwd=tmp_path)
     run([*pip, "--no-deps", "-e", str(project)], cwd=tmp_path)
     report = f"from importlib.metadata import version; print(*map(version, {NEWEST!r}))"

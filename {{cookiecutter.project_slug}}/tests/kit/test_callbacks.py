@@ -201,7 +201,7 @@ def test_the_bar_redraws_every_interval_and_at_the_last_batch(tmp_path, monkeypa
 def test_the_cli_uses_the_bar_in_a_terminal_and_leaves_it_out_when_disabled(workdir, monkeypatch):
     cli = main(["--trainer.logger=false"], run=False)  # no terminal here: a line an epoch
     assert type(cli.trainer.progress_bar_callback) is EpochLines
-    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # a terminal
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)  # a terminal
     cli = main(["--trainer.logger=false"], run=False)
     assert type(cli.trainer.progress_bar_callback) is TQDMBar
     cli = main(["--trainer.logger=false", "--trainer.enable_progress_bar=false"], run=False)
@@ -209,21 +209,27 @@ def test_the_cli_uses_the_bar_in_a_terminal_and_leaves_it_out_when_disabled(work
 
 
 def test_a_log_file_gets_a_line_an_epoch_instead_of_a_bar(tmp_path, capsys):
-    """Where stderr is no terminal (a file, a pipe, a job's log), no bar redraws: one
-    line an epoch, with the metrics a bar would show."""
+    """Where stdout is no terminal (a file, a pipe, a job's log), no bar redraws: one
+    line an epoch, with the metrics a bar would show, and one as a long epoch goes."""
+    clock = FakeClock()
+    progress = EpochLines(interval=0.5)
+    progress.clock = clock
     trainer = Trainer(
         accelerator="cpu",
         max_epochs=2,
-        callbacks=[EpochLines()],
+        callbacks=[progress],
         default_root_dir=tmp_path,
         logger=CSVLogger(tmp_path),
         enable_checkpointing=False,
         enable_model_summary=False,
     )
-    trainer.fit(LogsEveryStep(FakeClock()), DataLoader(TensorDataset(torch.ones(3, 2))))
+    trainer.fit(LogsEveryStep(clock), DataLoader(TensorDataset(torch.ones(3, 2))))
     lines = capsys.readouterr().err.splitlines()
+    # Each step takes 0.2 s of the clock: a line within the epoch once 0.5 s passed.
     assert [line for line in lines if line.startswith("Epoch")] == [
+        "Epoch 0, batch 3/3: shown 3",
         "Epoch 0: shown 3",
+        "Epoch 1, batch 3/3: shown 6",
         "Epoch 1: shown 6",
     ]
 

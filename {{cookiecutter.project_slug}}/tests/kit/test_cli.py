@@ -50,7 +50,13 @@ from {{ cookiecutter.package_name }}.kit import (
     spec,
     watch,
 )
-from {{ cookiecutter.package_name }}.kit.cli import LIBRARY_NOISE, ConfigError, manual_optimization
+from {{ cookiecutter.package_name }}.kit.cli import (
+    LIBRARY_NOISE,
+    REPORTING,
+    ConfigError,
+    manual_optimization,
+    quiet_library_noise,
+)
 from {{ cookiecutter.package_name }}.project import TARGET
 
 MODE = PROJECT.mode
@@ -140,6 +146,25 @@ def test_the_help_describes_every_flag_of_the_kit_and_names_each_group(capsys):
     for kind in classes:
         first = (kind.__doc__ or "").strip().splitlines()[0]
         assert first.endswith("."), f"{kind.__name__}: its heading is cut: {first!r}"
+
+
+def test_lightnings_lines_that_the_kit_says_better_are_left_out():
+    """Lightning's own words, as its loggers write them: those the environment report and
+    the resume line say again are dropped, the others kept."""
+    quiet_library_noise()
+    said_again = [
+        "GPU available: False, used: False",
+        "TPU available: False, using: 0 TPU cores",
+        "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2",
+        f"{'-' * 100}\ndistributed_backend=gloo\nAll distributed processes registered.",
+        "Restoring states from the checkpoint path at logs/version_0/checkpoints/last.ckpt",
+    ]
+    kept = ["Seed set to 42", "`Trainer.fit` stopped: `max_epochs=20` reached."]
+    for name in REPORTING:
+        logger = logging.getLogger(name)
+        for message in [*said_again, *kept]:
+            record = logger.makeRecord(name, logging.INFO, __file__, 0, message, (), None)
+            assert bool(logger.filter(record)) == (message in kept), (name, message)
 
 
 def test_an_unknown_command_is_named_with_the_closest_one(capsys):

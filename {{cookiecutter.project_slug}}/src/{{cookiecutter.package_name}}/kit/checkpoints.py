@@ -594,7 +594,8 @@ class BestAndLast(ModelCheckpoint):
     ) -> None:
         # ModelCheckpoint's arguments; its step and time triggers are kept here, and
         # Lightning's saves at epochs' ends go on beside them.
-        # `async`, a keyword in Python: the CLI adds `--checkpoint.async` with its type.
+        # `async`, a keyword in Python, read through a name: jsonargparse's reading of the
+        # source finds no such key, and the CLI adds `--checkpoint.async` typed (a bool).
         self.background = kwargs.pop(ASYNC, True)
         self._mid_epoch = (every_n_train_steps or 0, train_time_interval)
         if every_n_train_steps or train_time_interval is not None:

@@ -496,8 +496,10 @@ class ProjectCLI(LightningCLI):
                 summary, config["enable_model_summary"] = Summary(), False
         if shown and config.get("enable_progress_bar") is not False:
             if not any(isinstance(callback, ProgressBar) for callback in given):
-                # A bar where a terminal redraws it; a line an epoch in a file or pipe.
-                callbacks = [*callbacks, TQDMBar() if sys.stderr.isatty() else EpochLines()]
+                # A bar where a terminal (or a notebook) redraws it, on stdout as tqdm
+                # writes it; a line an epoch where stdout is a file or a pipe.
+                shows_a_bar = sys.stdout.isatty() or "ipykernel" in sys.modules
+                callbacks = [*callbacks, TQDMBar() if shows_a_bar else EpochLines()]
         own = {
             id(c)
             for c in callbacks

@@ -214,12 +214,22 @@ class TQDMBar(TQDMProgressBar):
 
 
 class EpochLines(ProgressBar):
-    """The progress where no terminal shows a bar (a log file, a pipe, a job's output):
-    one line an epoch, with the metrics a bar would show, instead of a redraw a line."""
+    """The progress where no terminal shows a bar: a line an epoch, in a log or a pipe.
 
-    def __init__(self) -> None:
+    Each line has the metrics a bar would show. It is printed once the epoch's hooks
+    have all run (the LightningModule's `on_train_epoch_end` after the callbacks'), at
+    the next epoch's start or the training's end; an epoch longer than `interval`
+    seconds also gets a line as it goes, so a job's log shows a long epoch moving.
+    """
+
+    clock = staticmethod(monotonic)
+
+    def __init__(self, interval: float = 60.0) -> None:
         super().__init__()
+        self.interval = interval
         self._enabled = True
+        self._ended: int | None = None  # an epoch whose line is due
+        self._shown_at = -float("inf")
 
     def disable(self) -> None:
         self._enabled = False
@@ -236,14 +246,33 @@ class EpochLines(ProgressBar):
         metrics.pop("v_num", None)  # as TQDMBar: the run directory names it
         return metrics
 
-    def on_train_epoch_end(self, trainer: Trainer, pl_module) -> None:
-        if not self._enabled:
-            return
+    def _say(self, trainer: Trainer, epoch: int, where: str = "") -> None:
         shown = [
             f"{name} {value:.4g}" if isinstance(value, float) else f"{name} {value}"
-            for name, value in self.get_metrics(trainer, pl_module).items()
+            for name, value in self.get_metrics(trainer, trainer.lightning_module).items()
         ]
-        print(f"Epoch {trainer.current_epoch}: {' | '.join(shown)}", file=sys.stderr)
+        print(f"Epoch {epoch}{where}: {' | '.join(shown)}", file=sys.stderr)
+        self._shown_at = self.clock()
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module) -> None:
+        self._shown_at = self.clock()
+        if self._ended is not None and self._enabled:
+            self._say(trainer, self._ended)
+        self._ended = None
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self._enabled and self.clock() - self._shown_at >= self.interval:
+            total = trainer.num_training_batches
+            of = f"/{total}" if total != float("inf") else ""
+            self._say(trainer, trainer.current_epoch, f", batch {batch_idx + 1}{of}")
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module) -> None:
+        self._ended = trainer.current_epoch
+
+    def on_train_end(self, trainer: Trainer, pl_module) -> None:
+        if self._ended is not None and self._enabled:
+            self._say(trainer, self._ended)
+        self._ended = None
 
 
 class Summary(ModelSummary):

@@ -210,7 +210,8 @@ def diagnose(facts: dict[str, Any]) -> list[Finding]:
                 f"NVIDIA driver (no nvidia-smi): it trains on the CPU{size}.",
                 "Without an NVIDIA GPU, install the CPU build in a new environment (docs/"
                 f"install.md): pip install torch=={release} --index-url "
-                "https://download.pytorch.org/whl/cpu; with one, install its driver.",
+                "https://download.pytorch.org/whl/cpu; with one, install its driver (on a"
+                " cluster's login node, keep the build its GPU nodes run).",
             )
         )
     built, supported = _version_tuple(cuda_build), _version_tuple(smi and smi["cuda_version"])
@@ -372,6 +373,7 @@ def parser(command: str = "doctor") -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--ckpt_path",
+        "--ckpt-path",
         "--ckpt",
         metavar="PATH",
         help="say on which numbers of processes and batches this checkpoint resumes (imports"

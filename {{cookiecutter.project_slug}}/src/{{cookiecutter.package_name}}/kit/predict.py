@@ -104,12 +104,11 @@ class PredictionWriter(BasePredictionWriter):
             writer = csv.writer(file)
             writer.writerow(["index", *(header or [])])
             writer.writerows(sorted(rows))
-        shared = (
-            " (each process its own share: one file per rank)" if trainer.world_size > 1 else ""
-        )
-        self._line = f"Wrote {len(rows)} predictions to {path}{shared}, columns: index" + "".join(
-            f", {name}" for name in header or []
-        )
+        shared = ""
+        if trainer.world_size > 1:
+            shared = f" (this process's share: each of the {trainer.world_size} writes its own)"
+        columns = "".join(f", {name}" for name in header or [])
+        self._line = f"Wrote {len(rows)} predictions to {path}{shared}, columns: index{columns}"
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         # Printed last, after the progress bar: the line that says what `predict` made.
