@@ -12,6 +12,7 @@ import torch
 from conftest import render, run
 
 NUMBER = re.compile(r"\d+(?:\.\d+)?(?:e-?\d+)?")
+UNIT = re.compile(r"( [kKMGTP]?)(?:FLOP|i?B)\b")  # a number's unit, its SI prefix first
 
 
 def blocks(page: str) -> list[list[str]]:
@@ -20,9 +21,15 @@ def blocks(page: str) -> list[list[str]]:
 
 
 def pattern(line: str) -> re.Pattern:
-    """A docs line as a pattern: its numbers stand for any number (a time, a loss)."""
+    """A docs line as a pattern: its numbers stand for any number (a time, a loss), with
+    any SI prefix of the unit after it (345 MFLOP/s here is 1.2 GFLOP/s elsewhere)."""
     parts = NUMBER.split(line)
-    return re.compile(r"[\d.e+-]+".join(re.escape(part) for part in parts) + "$")
+    escaped = [re.escape(parts[0])]
+    for part in parts[1:]:
+        unit = UNIT.match(part)
+        rest = part[unit.end(1) :] if unit else part
+        escaped.append((" [kKMGTP]?" if unit else "") + re.escape(rest))
+    return re.compile(r"[\d.e+-]+".join(escaped) + "$")
 
 
 def unshown(output: list[str], shown: list[str]) -> str | None:
