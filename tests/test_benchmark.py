@@ -33,9 +33,10 @@ def test_benchmark_writes_its_json(tmp_path):
     assert set(seconds) == {"plain", "lightning_bare", "trainer", "project", "project_per_sample"}
     assert all(s > 0 for s in seconds.values())
     ratio = seconds["project"] / seconds["plain"]
-    assert report["ratio_project_over_plain"] == pytest.approx(ratio, rel=0.01)  # both rounded
+    # The report rounds each ratio to 3 decimals: abs covers a small one.
+    assert report["ratio_project_over_plain"] == pytest.approx(ratio, rel=0.01, abs=5e-4)
     bare = seconds["project"] / seconds["lightning_bare"]
-    assert report["ratio_project_over_lightning_bare"] == pytest.approx(bare, rel=0.01)
+    assert report["ratio_project_over_lightning_bare"] == pytest.approx(bare, rel=0.01, abs=5e-4)
     assert report["fastest_seconds"] == {n: min(t) for n, t in report["all_seconds"].items()}
     assert set(report["fastest_ratios"]) == {
         "project_over_plain",
@@ -52,9 +53,10 @@ def test_benchmark_writes_its_json(tmp_path):
     assert report["all_step_ms"] == {name: [ms] for name, ms in steps.items()}
     for name in ("lightning_bare", "plain"):
         step_ratio = steps["project"] / steps[name]
-        assert report[f"ratio_step_project_over_{name}"] == pytest.approx(step_ratio, rel=0.01)
+        shown = report[f"ratio_step_project_over_{name}"]
+        assert shown == pytest.approx(step_ratio, rel=0.01, abs=5e-4)
     assert report["ratio_step_per_sample_over_lightning_bare"] == pytest.approx(
-        steps["project_per_sample"] / steps["lightning_bare"], rel=0.01
+        steps["project_per_sample"] / steps["lightning_bare"], rel=0.01, abs=5e-4
     )
     heavy = report["heavy"]
     assert heavy["channels"] == 128 and heavy["steps"] == 19
@@ -62,10 +64,10 @@ def test_benchmark_writes_its_json(tmp_path):
     assert all(ms > 0 for ms in heavy["step_ms"].values())
     for name in ("lightning_bare", "plain"):
         assert heavy[f"ratio_step_project_over_{name}"] == pytest.approx(
-            heavy["step_ms"]["project"] / heavy["step_ms"][name], rel=0.01
+            heavy["step_ms"]["project"] / heavy["step_ms"][name], rel=0.01, abs=5e-4
         )
     assert heavy["ratio_project_over_plain"] == pytest.approx(
-        heavy["seconds"]["project"] / heavy["seconds"]["plain"], rel=0.01
+        heavy["seconds"]["project"] / heavy["seconds"]["plain"], rel=0.01, abs=5e-4
     )
     for spent in (report["project_breakdown"], heavy["project_breakdown"]):
         assert 0 < spent["before_fit_s"] and 0 < spent["checkpoint_s"]

@@ -177,7 +177,6 @@ Example test: rewrite or delete this file when you replace the example; every
 other test file is the kit's and runs whatever `project.py` names.
 """
 
-import pytest
 import torch
 from optuna.trial import FixedTrial
 from support import CONFIGS, configured, main
@@ -255,23 +254,3 @@ def test_the_sweep_searches_flags_of_this_example():
         }
         cli = configured(*as_flags(suggest(FixedTrial(chosen), space)))
         assert cli.model.hparams  # built with the trial's values
-
-
-def test_every_model_and_data_flag_says_what_it_does(capsys):
-    """`fit --help` describes each `--model.*` and `--data.*` flag, from the `Args:` of
-    the classes' docstrings: document your own the same way."""
-    with pytest.raises(SystemExit):
-        main(["fit", "--help"])
-    flags: dict[str, str] = {}
-    name = None
-    for line in capsys.readouterr().out.splitlines():
-        if line.startswith(("  --model.", "  --data.")):
-            name, _, text = line.strip().partition("  ")
-            flags[name] = text
-        elif name is not None and line.startswith("      "):
-            flags[name] += " " + line.strip()
-        else:
-            name = None
-    assert len(flags) > 5
-    undescribed = [n for n, text in flags.items() if not text.split("(type:")[0].strip()]
-    assert not undescribed, f"no description in --help: {undescribed}"

@@ -72,13 +72,6 @@ class DigitsDataModule(SplitDataModule):
     normalises them. The split is 70/15/15, fixed by `split_seed`. With
     `from_files`, the digits are written once to `data_dir` as one file each and
     read per item, so loader workers have work to do.
-
-    Args:
-        val_fraction: the share of the digits that validates.
-        test_fraction: the share that tests (and that `predict` reads).
-        from_files: read the digits from one file each in `data_dir`, written once.
-        data_dir: the folder of those files.
-        **kwargs: SplitDataModule's: batch_size, num_workers, split_seed, ...
     """
 
     def __init__(
@@ -121,16 +114,7 @@ from {{ cookiecutter.package_name }}.kit.data import SplitDataModule, split_data
 
 
 class SyntheticRegressionDataModule(SplitDataModule):
-    """`y = x @ w + noise` with 16 features, made from `split_seed`; split 70/15/15.
-
-    Args:
-        num_samples: samples made, before the split.
-        in_features: features a sample.
-        noise: the standard deviation of the noise added to the target.
-        val_fraction: the share of the samples that validates.
-        test_fraction: the share that tests (and that `predict` reads).
-        **kwargs: SplitDataModule's: batch_size, num_workers, split_seed, ...
-    """
+    """`y = x @ w + noise` with 16 features, made from `split_seed`; split 70/15/15."""
 
     def __init__(
         self,

@@ -50,19 +50,7 @@ class DigitsCNN(nn.Module):
 
 
 class DigitsClassifier(LightningModule):
-    """Classifies handwritten digits; logs `train/loss`, `val/loss`, `val/acc`, `test/acc`.
-
-    Its `Args:` are what `--help` says of each `--model.*` flag: document yours the same way.
-
-    Args:
-        channels: the first convolutions' channels (the last has twice as many).
-        dropout: the dropout before the linear head.
-        num_classes: the classes to tell apart.
-        optimizer: the optimizer class and its arguments, e.g. `--model.optimizer SGD
-            --model.optimizer.lr 0.05`.
-        scheduler: a learning-rate scheduler, e.g. `--model.scheduler StepLR
-            --model.scheduler.step_size 5`; null: a constant rate.
-    """
+    """Classifies handwritten digits; logs `train/loss`, `val/loss`, `val/acc`, `test/acc`."""
 
     def __init__(
         self,
@@ -156,20 +144,7 @@ class MLP(nn.Module):
 
 
 class Regressor(LightningModule):
-    """Regresses a target from features; logs `train/loss`, `val/loss`, `test/loss`.
-
-    Its `Args:` are what `--help` says of each `--model.*` flag: document yours the same way.
-
-    Args:
-        in_features: features a sample.
-        hidden: the hidden layer's width.
-        input_noise: the standard deviation of the noise added to the features in
-            training (a regularizer); 0: none.
-        optimizer: the optimizer class and its arguments, e.g. `--model.optimizer SGD
-            --model.optimizer.lr 0.05`.
-        scheduler: a learning-rate scheduler, e.g. `--model.scheduler StepLR
-            --model.scheduler.step_size 5`; null: a constant rate.
-    """
+    """Regresses a target from features; logs `train/loss`, `val/loss`, `test/loss`."""
 
     def __init__(
         self,
