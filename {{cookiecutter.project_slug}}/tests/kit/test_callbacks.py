@@ -169,6 +169,24 @@ class LogsEveryStep(LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
+def shows_progress(
+    progress: Callback, folder, clock: FakeClock, samples: int, epochs: int
+) -> Trainer:
+    """A Trainer that shows `progress` as it fits LogsEveryStep on `samples` batches of
+    one, for `epochs`; returned once fitted."""
+    trainer = Trainer(
+        accelerator="cpu",
+        max_epochs=epochs,
+        callbacks=[progress],
+        default_root_dir=folder,
+        logger=CSVLogger(folder),
+        enable_checkpointing=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(LogsEveryStep(clock), DataLoader(TensorDataset(torch.ones(samples, 2))))
+    return trainer
+
+
 def test_the_bar_redraws_every_interval_and_at_the_last_batch(tmp_path, monkeypatch):
     clock = FakeClock()
     bar = TQDMBar(interval=0.5)
@@ -181,16 +199,7 @@ def test_the_bar_redraws_every_interval_and_at_the_last_batch(tmp_path, monkeypa
         return read(self, trainer, pl_module, outputs, batch, batch_idx)
 
     monkeypatch.setattr(TQDMProgressBar, "on_train_batch_end", counted)
-    trainer = Trainer(
-        accelerator="cpu",
-        max_epochs=1,
-        callbacks=[bar],
-        default_root_dir=tmp_path,
-        logger=CSVLogger(tmp_path),
-        enable_checkpointing=False,
-        enable_model_summary=False,
-    )
-    trainer.fit(LogsEveryStep(clock), DataLoader(TensorDataset(torch.ones(8, 2)), batch_size=1))
+    trainer = shows_progress(bar, tmp_path, clock, samples=8, epochs=1)
     # Steps end at 0.2, 0.4, ... s: drawn at the first, then every 0.6 s, and at the last.
     assert drawn == [1, 4, 7, 8]
     assert bar.train_progress_bar.n == 8
@@ -214,16 +223,7 @@ def test_a_log_file_gets_a_line_an_epoch_instead_of_a_bar(tmp_path, capsys):
     clock = FakeClock()
     progress = EpochLines(interval=0.5)
     progress.clock = clock
-    trainer = Trainer(
-        accelerator="cpu",
-        max_epochs=2,
-        callbacks=[progress],
-        default_root_dir=tmp_path,
-        logger=CSVLogger(tmp_path),
-        enable_checkpointing=False,
-        enable_model_summary=False,
-    )
-    trainer.fit(LogsEveryStep(clock), DataLoader(TensorDataset(torch.ones(3, 2))))
+    shows_progress(progress, tmp_path, clock, samples=3, epochs=2)
     lines = capsys.readouterr().err.splitlines()
     # Each step takes 0.2 s of the clock: a line within the epoch once 0.5 s passed.
     assert [line for line in lines if line.startswith("Epoch")] == [

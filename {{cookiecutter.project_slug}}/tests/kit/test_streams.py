@@ -375,11 +375,11 @@ class TrainsOnLengthBuckets(LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
-@pytest.mark.slow
-def test_a_batch_sampler_lightning_rebuilds_wrongly_under_ddp_stops_the_run():
+def checked_on_two_processes() -> Trainer:
+    """A one-epoch Trainer of two DDP processes with the kit's check of each rank's share."""
     from {{ cookiecutter.package_name }}.kit.shards import ShardCheck
 
-    trainer = Trainer(
+    return Trainer(
         accelerator="cpu",
         devices=2,
         strategy="ddp_spawn",
@@ -390,8 +390,12 @@ def test_a_batch_sampler_lightning_rebuilds_wrongly_under_ddp_stops_the_run():
         enable_model_summary=False,
         callbacks=[ShardCheck()],
     )
+
+
+@pytest.mark.slow
+def test_a_batch_sampler_lightning_rebuilds_wrongly_under_ddp_stops_the_run():
     with pytest.raises(Exception, match="Lightning rebuilt it around a DistributedSampler"):
-        trainer.fit(TrainsOnLengthBuckets())
+        checked_on_two_processes().fit(TrainsOnLengthBuckets())
 
 
 class TrainsOnOneStream(LightningModule):
@@ -413,18 +417,5 @@ class TrainsOnOneStream(LightningModule):
 
 @pytest.mark.slow
 def test_a_stream_that_gives_every_process_the_same_batches_stops_the_run():
-    from {{ cookiecutter.package_name }}.kit.shards import ShardCheck
-
-    trainer = Trainer(
-        accelerator="cpu",
-        devices=2,
-        strategy="ddp_spawn",
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[ShardCheck()],
-    )
     with pytest.raises(Exception, match="gave each of the 2 processes the same first batch"):
-        trainer.fit(TrainsOnOneStream())
+        checked_on_two_processes().fit(TrainsOnOneStream())
